@@ -1,0 +1,76 @@
+// fsdp/launcher.h: starting and supervising the ranks of a job on this node.
+//
+// The supervisor forks one process per local rank, gives each the torchrun-style environment
+// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+// FSDP_LAUNCHER=1, and OMP_NUM_THREADS / OPENBLAS_NUM_THREADS unless the user set them) and waits.
+// When a rank exits non-zero or dies, it stops the others (SIGTERM, then SIGKILL after a grace
+// period) and reports the failed rank in one line. SIGINT/SIGTERM to the supervisor stop every
+// rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans.
+// No libtorch here: the supervisor never initialises it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/cluster.h"
+
+namespace fsdp {
+
+struct LaunchOptions {
+  // Ranks started on this node (--devices / --nproc-per-node). Must be >= 1.
+  int64_t nproc_per_node = 1;
+  // Nodes in the job (--num-nodes) and this node's index (--node-rank).
+  int64_t num_nodes = 1;
+  int64_t node_rank = 0;
+  // Host of rank 0's rendezvous store (--master-addr). Every node must pass the same value.
+  std::string master_addr = "127.0.0.1";
+  // Its port (--master-port). 0 picks a free port, allowed only for a single-node job.
+  int master_port = 0;
+  // Intra-op threads per rank. 0: max(1, cores / nproc_per_node). Exported as OMP_NUM_THREADS
+  // and OPENBLAS_NUM_THREADS unless the user's environment sets them.
+  int64_t threads = 0;
+  // Time between SIGTERM and SIGKILL when stopping ranks.
+  std::chrono::milliseconds grace{3000};
+  // Prefix of the supervisor's messages ("fsdp-run: rank 2 ...") and the flag that sets
+  // nproc_per_node, so errors name the flag the user typed.
+  std::string name = "fsdp-run";
+  std::string devices_flag = "--nproc-per-node";
+};
+
+// Throws fsdp::Error for invalid options: --devices 0, a node rank outside [0, num_nodes), a
+// multi-node job without --master-port, a port outside 1..65535 or already bound on this machine.
+void validate(const LaunchOptions& opts);
+
+// Starts opts.nproc_per_node copies of `argv` (argv[0] is the executable; PATH is searched) with
+// each rank's environment and supervises them. Returns 0 if every rank exited 0; otherwise the
+// failed rank's exit status (128 + signal number for a signal) after printing one line to stderr.
+// `executable` overrides the file that is run (argv[0] is still passed as the program name).
+int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
+              const std::string& executable = "");
+
+// For programs that launch themselves (fsdp-train --devices 4): if this process was started by a
+// launcher (see detect_cluster) or the job is one process, returns nullopt and the caller goes on
+// as a rank. Otherwise re-executes this program (/proc/self/exe, same arguments) as every local
+// rank, supervises them and returns the exit code the caller should exit with.
+std::optional<int> launch_self(int argc, char** argv, const LaunchOptions& opts);
+
+// Checks that command-line launch options agree with the launcher that started this process
+// (e.g. --devices 2 under torchrun with LOCAL_WORLD_SIZE=4). `given` holds only the options the
+// user set explicitly.
+struct GivenLaunchOptions {
+  std::optional<int64_t> devices, num_nodes, node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env);
+
+// Number of CPU cores this process may use (sched_getaffinity), at least 1.
+int64_t available_cores();
+
+// Threads each of `local_ranks` ranks should use on this machine: max(1, cores / local_ranks).
+int64_t default_threads_per_rank(int64_t local_ranks);
+
+}  // namespace fsdp

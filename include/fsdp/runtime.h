@@ -1,0 +1,87 @@
+// fsdp/runtime.h: this process's membership in the job: rendezvous, process groups, threads.
+//
+// Runtime::init() reads the launcher's environment (cluster.h), sets this rank's intra-op threads,
+// meets the other ranks through a c10d TCPStore hosted by rank 0 and creates the world group
+// (Gloo on CPU, NCCL on CUDA). Several runtimes can coexist (tests run ranks as threads); nothing
+// here is process-global except libtorch's own thread-pool size.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/cluster.h"
+#include "fsdp/collectives.h"
+
+namespace fsdp {
+
+enum class Backend {
+  kAuto,  // nccl when this libtorch has CUDA and a GPU is visible, else gloo
+  kGloo,  // CPU tensors
+  kNccl,  // CUDA tensors, one GPU per local rank
+};
+const char* to_string(Backend b);
+Backend parse_backend(const std::string& text);  // "auto" | "gloo" | "nccl", any case
+
+struct RuntimeOptions {
+  // Collective backend. Default kAuto.
+  Backend backend = Backend::kAuto;
+  // Rendezvous and collective timeout: a rank that waits longer for its peers fails with an
+  // error naming what it waited for, instead of hanging. Default 5 minutes.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Intra-op threads of this rank. 0 (default): OMP_NUM_THREADS if set (the launcher sets it),
+  // else max(1, cores / local world size).
+  int64_t threads = 0;
+  // Reduce-scatter fallback when the backend lacks one (see collectives.h). Default kAuto.
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAuto;
+};
+
+class Runtime {
+ public:
+  // Joins the job described by the environment (detect_cluster). Throws fsdp::Error on a bad
+  // environment, an unreachable or busy rendezvous address, or ranks missing past the timeout.
+  static std::shared_ptr<Runtime> init(const RuntimeOptions& options = {});
+  static std::shared_ptr<Runtime> init(const ClusterEnv& env, const RuntimeOptions& options);
+
+  // Waits (up to the timeout) until every rank reached shutdown before rank 0 closes the store.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const ClusterEnv& env() const;
+  int64_t rank() const;
+  int64_t world_size() const;
+  Backend backend() const;           // resolved: never kAuto
+  c10::Device device() const;        // cpu, or cuda:<local rank> with NCCL
+  const RuntimeOptions& options() const;
+  int64_t threads() const;           // intra-op threads this rank uses
+
+  // The group of all ranks.
+  std::shared_ptr<Group> world() const;
+
+  // Creates the group of the global `ranks` (in group-rank order). Every rank must call it with
+  // the same arguments in the same order, members or not (each call takes the next store
+  // prefix); non-members get nullptr. `kind` labels the group's metrics ("shard", "replicate").
+  std::shared_ptr<Group> new_group(const std::vector<int64_t>& ranks, const std::string& kind);
+
+  // Throws fsdp::Error on every rank, naming both values, unless every rank passed the same
+  // `value` for `what`. Uses only the store, so it is safe before the first collective and
+  // cannot hang on mismatched collectives.
+  void check_agreement(const std::string& what, const std::string& value);
+
+  struct Impl;  // defined in runtime.cpp; tests build runtimes on an in-process store through it
+
+ private:
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend struct RuntimeFactory;
+};
+
+// Sets libtorch's and OpenBLAS's intra-op threads of this process.
+void set_threads(int64_t threads);
+
+}  // namespace fsdp

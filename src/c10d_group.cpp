@@ -1,0 +1,244 @@
+// A Group on c10d (see c10d_group.h), including the reduce-scatter and all-gather fallbacks for
+// backends without flat collectives (Gloo in libtorch 1.13, ../shared/NOTES.md).
+#include "c10d_group.h"
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "fsdp/error.h"
+
+namespace fsdp::detail {
+namespace {
+
+class TaskWork final : public Work {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool completed() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Runs tasks one at a time, in submission order, on its own thread.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  WorkHandle submit(std::function<void()> fn) {
+    auto work = std::make_shared<TaskWork>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.emplace_back(std::move(fn), work);
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::pair<std::function<void()>, std::shared_ptr<TaskWork>> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        task.first();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      task.first = nullptr;  // release the task's tensors before signalling completion
+      task.second->finish(error);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<TaskWork>>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+std::string what_of(const std::exception& e) { return error_message(e); }
+
+class C10dGroup final : public Group {
+ public:
+  C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
+            int64_t rank, std::string kind, bool flat, ReduceScatterAlgorithm algorithm)
+      : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
+        flat_(flat), algorithm_(algorithm) {
+    if (algorithm_ == ReduceScatterAlgorithm::kAuto) {
+      algorithm_ = flat_ ? ReduceScatterAlgorithm::kNative : ReduceScatterAlgorithm::kRing;
+    }
+    FSDP_CHECK(algorithm_ != ReduceScatterAlgorithm::kNative || flat_,
+               "reduce-scatter algorithm 'native' was requested but the ",
+               backend_->getBackendName(), " backend of this libtorch has no _reduce_scatter_base; "
+               "use auto, ring or alltoall");
+  }
+
+ protected:
+  WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
+    return submit("all_gather", [this, output, input]() mutable {
+      if (flat_) {
+        backend_->_allgather_base(output, input)->wait();
+        return;
+      }
+      std::vector<std::vector<at::Tensor>> outputs{output.view({-1}).chunk(size())};
+      std::vector<at::Tensor> inputs{input.view({-1})};
+      backend_->allgather(outputs, inputs)->wait();
+    });
+  }
+
+  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
+    return submit("reduce_scatter", [this, output, input]() mutable {
+      switch (algorithm_) {
+        case ReduceScatterAlgorithm::kNative: {
+          c10d::ReduceScatterOptions opts;
+          opts.reduceOp = c10d::ReduceOp::SUM;
+          backend_->_reduce_scatter_base(output, input, opts)->wait();
+          return;
+        }
+        case ReduceScatterAlgorithm::kRing: return ring_reduce_scatter(output, input);
+        case ReduceScatterAlgorithm::kAllToAll: return alltoall_reduce_scatter(output, input);
+        case ReduceScatterAlgorithm::kAllReduce: {
+          at::Tensor copy = input.clone();
+          std::vector<at::Tensor> ts{copy};
+          backend_->allreduce(ts)->wait();
+          output.view({-1}).copy_(copy.view({-1}).chunk(size())[rank()]);
+          return;
+        }
+        case ReduceScatterAlgorithm::kAuto: break;
+      }
+      TORCH_INTERNAL_ASSERT(false, "unresolved reduce-scatter algorithm");
+    });
+  }
+
+  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) override {
+    return submit("all_reduce", [this, tensor, after]() mutable {
+      if (after) after->wait();
+      std::vector<at::Tensor> ts{tensor};
+      backend_->allreduce(ts)->wait();
+    });
+  }
+
+  WorkHandle run_broadcast(at::Tensor tensor, int64_t root) override {
+    return submit("broadcast", [this, tensor, root]() mutable {
+      std::vector<at::Tensor> ts{tensor};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = static_cast<int>(root);
+      backend_->broadcast(ts, opts)->wait();
+    });
+  }
+
+  void run_barrier() override {
+    submit("barrier", [this] { backend_->barrier()->wait(); })->wait();
+  }
+
+ private:
+  WorkHandle submit(const char* op, std::function<void()> fn) {
+    return worker_.submit([this, op, fn = std::move(fn)] {
+      try {
+        fn();
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw Error(detail::cat(op, " on the ", describe(), " failed: ", what_of(e),
+                                " (a peer rank probably exited or timed out; see its output)"));
+      }
+    });
+  }
+
+  // Ring reduce-scatter over send/recv. At step t (0..S-2) rank r sends its running sum of chunk
+  // (r-t-1) mod S to rank r+1 and receives chunk (r-t-2) mod S from rank r-1, adding its own
+  // contribution. After S-1 steps it holds the full sum of chunk r. Each rank sends (S-1)/S of the
+  // buffer, like a ring all-reduce's first half.
+  void ring_reduce_scatter(at::Tensor& output, at::Tensor& input) {
+    const int64_t S = size(), r = rank();
+    auto chunks = input.view({-1}).chunk(S);
+    if (S == 1) {
+      output.view({-1}).copy_(chunks[0]);
+      return;
+    }
+    const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
+    at::Tensor send_buf = chunks[(r + S - 1) % S].clone();
+    at::Tensor recv_buf = at::empty_like(send_buf);
+    for (int64_t t = 0; t < S - 1; ++t) {
+      std::vector<at::Tensor> s{send_buf}, q{recv_buf};
+      auto sw = backend_->send(s, next, static_cast<int>(t));
+      auto rw = backend_->recv(q, prev, static_cast<int>(t));
+      rw->wait();
+      sw->wait();
+      const int64_t idx = ((r - t - 2) % S + S) % S;
+      if (t == S - 2) {
+        at::Tensor out = output.view({-1});
+        at::add_out(out, recv_buf, chunks[idx]);
+      } else {
+        at::add_out(send_buf, recv_buf, chunks[idx]);
+      }
+    }
+  }
+
+  void alltoall_reduce_scatter(at::Tensor& output, at::Tensor& input) {
+    const int64_t S = size();
+    at::Tensor in = input.view({-1});
+    at::Tensor received = at::empty_like(in);
+    std::vector<int64_t> counts(S, output.numel());
+    backend_->alltoall_base(received, in, counts, counts)->wait();
+    at::Tensor out = output.view({-1});
+    at::sum_out(out, received.view({S, -1}), {0});
+  }
+
+  c10::intrusive_ptr<compat::C10dBackend> backend_;
+  bool flat_;
+  ReduceScatterAlgorithm algorithm_;
+  Worker worker_;  // last: joined first, while the members it uses still exist
+};
+
+}  // namespace
+
+std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> backend,
+                                       std::vector<int64_t> ranks, int64_t rank, std::string kind,
+                                       bool has_flat_collectives,
+                                       ReduceScatterAlgorithm algorithm) {
+  return std::make_shared<C10dGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
+                                     has_flat_collectives, algorithm);
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,233 @@
+// Launcher environment detection (see fsdp/cluster.h).
+#include "fsdp/cluster.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+
+#include "fsdp/error.h"
+
+extern char** environ;
+
+namespace fsdp {
+
+const char* to_string(ClusterKind kind) {
+  switch (kind) {
+    case ClusterKind::kSingle: return "single process";
+    case ClusterKind::kFsdpLauncher: return "fsdp-run";
+    case ClusterKind::kTorchElastic: return "torchrun";
+    case ClusterKind::kSlurm: return "SLURM";
+    case ClusterKind::kOpenMPI: return "OpenMPI";
+  }
+  return "?";
+}
+
+std::string ClusterEnv::describe() const {
+  std::string s = detail::cat(to_string(kind), ": rank ", rank, " of ", world_size, " (node ",
+                              node_rank, " of ", num_nodes, ", local rank ", local_rank, " of ",
+                              local_world_size, ")");
+  if (world_size > 1) s += detail::cat(", master ", master_addr, ":", master_port);
+  return s;
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+namespace {
+
+std::optional<std::string> get(const EnvMap& env, const std::string& key) {
+  auto it = env.find(key);
+  if (it == env.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t to_int(const std::string& name, const std::string& text, int64_t min_value) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  FSDP_CHECK(!text.empty() && end && *end == '\0' && errno == 0 && v >= min_value, name, "='",
+             text, "' is not an integer >= ", min_value, "; fix or unset it");
+  return v;
+}
+
+std::optional<int64_t> get_int(const EnvMap& env, const std::string& key, int64_t min_value) {
+  auto v = get(env, key);
+  if (!v) return std::nullopt;
+  return to_int(key, *v, min_value);
+}
+
+int64_t require_int(const EnvMap& env, const std::string& key, int64_t min_value,
+                    const std::string& because) {
+  auto v = get_int(env, key, min_value);
+  FSDP_CHECK(v.has_value(), key, " is not set but ", because, "; set it (launchers set both)");
+  return *v;
+}
+
+// Checks the relations every source must satisfy, naming the variables involved.
+void check_layout(const ClusterEnv& c, const char* rank_var, const char* size_var,
+                  const char* local_rank_var, const char* local_size_var) {
+  FSDP_CHECK(c.rank < c.world_size, rank_var, "=", c.rank, " but ", size_var, "=", c.world_size,
+             ": a rank must be below the world size; fix the launcher's variables");
+  FSDP_CHECK(c.local_rank < c.local_world_size, local_rank_var, "=", c.local_rank, " but ",
+             local_size_var, "=", c.local_world_size,
+             ": a local rank must be below the local world size");
+  FSDP_CHECK(c.local_world_size <= c.world_size, local_size_var, "=", c.local_world_size,
+             " exceeds ", size_var, "=", c.world_size, "; fix the launcher's variables");
+  FSDP_CHECK(c.world_size % c.local_world_size == 0, size_var, "=", c.world_size,
+             " is not a multiple of ", local_size_var, "=", c.local_world_size,
+             ": fsdp needs the same number of ranks on every node");
+  FSDP_CHECK(c.node_rank < c.num_nodes, "node rank ", c.node_rank, " is not below the ",
+             c.num_nodes, " nodes implied by ", size_var, "/", local_size_var);
+}
+
+void read_master(const EnvMap& env, ClusterEnv& c, const std::string& who) {
+  if (auto a = get(env, "MASTER_ADDR")) {
+    FSDP_CHECK(!a->empty(), "MASTER_ADDR is set but empty; set it to rank 0's host");
+    c.master_addr = *a;
+  }
+  if (auto p = get_int(env, "MASTER_PORT", 1)) {
+    FSDP_CHECK(*p <= 65535, "MASTER_PORT=", *p, " is not a TCP port; use 1..65535");
+    c.master_port = static_cast<int>(*p);
+  }
+  if (c.world_size > 1) {
+    FSDP_CHECK(c.master_port != 0, "MASTER_PORT is not set but ", who, " started ", c.world_size,
+               " ranks; export MASTER_PORT (the same on every rank)");
+  }
+}
+
+ClusterEnv from_torchrun(const EnvMap& env, ClusterKind kind) {
+  ClusterEnv c;
+  c.kind = kind;
+  c.rank = require_int(env, "RANK", 0, "WORLD_SIZE is set");
+  c.world_size = require_int(env, "WORLD_SIZE", 1, "RANK is set");
+  c.local_rank = get_int(env, "LOCAL_RANK", 0).value_or(c.rank);
+  c.local_world_size = get_int(env, "LOCAL_WORLD_SIZE", 1).value_or(c.world_size);
+  check_layout(c, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  c.num_nodes = c.world_size / c.local_world_size;
+  c.node_rank = get_int(env, "GROUP_RANK", 0).value_or(c.rank / c.local_world_size);
+  FSDP_CHECK(c.node_rank < c.num_nodes, "GROUP_RANK=", c.node_rank, " but WORLD_SIZE/",
+             "LOCAL_WORLD_SIZE gives ", c.num_nodes, " nodes; fix the launcher's variables");
+  read_master(env, c, to_string(kind));
+  if (!get(env, "MASTER_ADDR") && c.num_nodes > 1) {
+    throw Error(detail::cat("MASTER_ADDR is not set but the job spans ", c.num_nodes,
+                            " nodes; export MASTER_ADDR=<rank 0's host>"));
+  }
+  return c;
+}
+
+ClusterEnv from_slurm(const EnvMap& env) {
+  ClusterEnv c;
+  c.kind = ClusterKind::kSlurm;
+  c.rank = require_int(env, "SLURM_PROCID", 0, "SLURM_NTASKS is set");
+  c.world_size = require_int(env, "SLURM_NTASKS", 1, "SLURM_PROCID is set");
+  c.local_rank = get_int(env, "SLURM_LOCALID", 0).value_or(0);
+  c.num_nodes = get_int(env, "SLURM_NNODES", 1)
+                    .value_or(get_int(env, "SLURM_JOB_NUM_NODES", 1).value_or(1));
+  FSDP_CHECK(c.world_size % c.num_nodes == 0, "SLURM_NTASKS=", c.world_size,
+             " is not a multiple of SLURM_NNODES=", c.num_nodes,
+             ": fsdp needs the same number of tasks on every node (srun --ntasks-per-node)");
+  c.local_world_size = c.world_size / c.num_nodes;
+  c.node_rank = get_int(env, "SLURM_NODEID", 0).value_or(0);
+  check_layout(c, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS/SLURM_NNODES");
+  auto nodelist = get(env, "SLURM_NODELIST");
+  if (!nodelist) nodelist = get(env, "SLURM_JOB_NODELIST");
+  if (nodelist && !nodelist->empty()) c.master_addr = first_slurm_host(*nodelist);
+  if (auto job = get(env, "SLURM_JOB_ID")) c.master_port = slurm_port_for_job(*job);
+  read_master(env, c, "srun");  // MASTER_ADDR / MASTER_PORT override the derived values
+  return c;
+}
+
+ClusterEnv from_openmpi(const EnvMap& env) {
+  ClusterEnv c;
+  c.kind = ClusterKind::kOpenMPI;
+  c.rank = require_int(env, "OMPI_COMM_WORLD_RANK", 0, "OMPI_COMM_WORLD_SIZE is set");
+  c.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", 1, "OMPI_COMM_WORLD_RANK is set");
+  c.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0).value_or(0);
+  c.local_world_size = get_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(c.world_size);
+  check_layout(c, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE");
+  c.num_nodes = c.world_size / c.local_world_size;
+  c.node_rank = c.rank / c.local_world_size;  // mpirun --map-by slot (its default)
+  c.master_port = 29500;
+  read_master(env, c, "mpirun");
+  FSDP_CHECK(c.num_nodes == 1 || get(env, "MASTER_ADDR"), "MASTER_ADDR is not set but mpirun "
+             "spans ", c.num_nodes, " nodes; pass it to every rank: mpirun -x MASTER_ADDR=<host of "
+             "rank 0> -x MASTER_PORT=<port> ...");
+  return c;
+}
+
+}  // namespace
+
+ClusterEnv detect_cluster(const EnvMap& env) {
+  ClusterEnv c;
+  const bool fsdp = get(env, "FSDP_LAUNCHER").has_value();
+  const bool torchrun = get(env, "RANK") || get(env, "WORLD_SIZE") ||
+                        get(env, "TORCHELASTIC_RUN_ID");
+  const bool slurm = get(env, "SLURM_PROCID") || get(env, "SLURM_NTASKS");
+  const bool ompi = get(env, "OMPI_COMM_WORLD_RANK") || get(env, "OMPI_COMM_WORLD_SIZE");
+  const bool srun_step = get(env, "SLURM_PROCID").has_value();
+  if (fsdp || torchrun) {
+    c = from_torchrun(env, fsdp ? ClusterKind::kFsdpLauncher : ClusterKind::kTorchElastic);
+  } else if (slurm && srun_step) {
+    c = from_slurm(env);
+    if (ompi) {  // srun --mpi=pmix sets both; they must agree
+      ClusterEnv o = from_openmpi(env);
+      FSDP_CHECK(o.rank == c.rank && o.world_size == c.world_size, "SLURM_PROCID=", c.rank,
+                 " SLURM_NTASKS=", c.world_size, " contradict OMPI_COMM_WORLD_RANK=", o.rank,
+                 " OMPI_COMM_WORLD_SIZE=", o.world_size,
+                 "; unset the variables of the launcher you did not use");
+    }
+  } else if (ompi) {
+    c = from_openmpi(env);
+  }
+  if (auto t = get_int(env, "OMP_NUM_THREADS", 1)) c.threads = *t;
+  return c;
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first top-level entry: commas inside [...] belong to ranges.
+  std::string entry;
+  int depth = 0;
+  for (char ch : nodelist) {
+    if (ch == '[') ++depth;
+    if (ch == ']') --depth;
+    if (ch == ',' && depth == 0) break;
+    entry += ch;
+  }
+  auto open = entry.find('[');
+  if (open == std::string::npos) return entry;
+  auto close = entry.find(']', open);
+  FSDP_CHECK(close != std::string::npos, "SLURM_NODELIST='", nodelist,
+             "' has an unclosed '['; set MASTER_ADDR to rank 0's host");
+  std::string range = entry.substr(open + 1, close - open - 1);
+  std::string first;
+  for (char ch : range) {
+    if (ch == ',' || ch == '-') break;
+    first += ch;
+  }
+  // The rest may hold further brackets ("rack[1-2]-n[3-4]"): expand those the same way.
+  return first_slurm_host(entry.substr(0, open) + first + entry.substr(close + 1));
+}
+
+int slurm_port_for_job(const std::string& job_id) {
+  // Array jobs look like "1234_5"; the numeric prefix identifies the allocation.
+  std::string digits;
+  for (char ch : job_id) {
+    if (!std::isdigit(static_cast<unsigned char>(ch))) break;
+    digits += ch;
+  }
+  FSDP_CHECK(!digits.empty(), "SLURM_JOB_ID='", job_id,
+             "' does not start with a number; set MASTER_PORT explicitly");
+  if (digits.size() > 4) digits = digits.substr(digits.size() - 4);
+  return 15000 + std::stoi(digits);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,177 @@
+// Group front end: argument checks and byte counters shared by every backend, plus the
+// single-process group (see fsdp/collectives.h).
+#include "fsdp/collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+const char* to_string(ReduceScatterAlgorithm a) {
+  switch (a) {
+    case ReduceScatterAlgorithm::kAuto: return "auto";
+    case ReduceScatterAlgorithm::kNative: return "native";
+    case ReduceScatterAlgorithm::kRing: return "ring";
+    case ReduceScatterAlgorithm::kAllToAll: return "alltoall";
+    case ReduceScatterAlgorithm::kAllReduce: return "allreduce";
+  }
+  return "?";
+}
+
+ReduceScatterAlgorithm parse_reduce_scatter_algorithm(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (auto a : {ReduceScatterAlgorithm::kAuto, ReduceScatterAlgorithm::kNative,
+                 ReduceScatterAlgorithm::kRing, ReduceScatterAlgorithm::kAllToAll,
+                 ReduceScatterAlgorithm::kAllReduce}) {
+    if (t == to_string(a)) return a;
+  }
+  throw Error(detail::cat("reduce-scatter algorithm '", text,
+                          "' is unknown; use auto, native, ring, alltoall or allreduce"));
+}
+
+CommCounters& CommCounters::operator+=(const CommCounters& o) {
+  all_gather_bytes += o.all_gather_bytes;
+  reduce_scatter_bytes += o.reduce_scatter_bytes;
+  all_reduce_bytes += o.all_reduce_bytes;
+  broadcast_bytes += o.broadcast_bytes;
+  calls += o.calls;
+  return *this;
+}
+
+CommCounters CommCounters::operator-(const CommCounters& o) const {
+  CommCounters d = *this;
+  d.all_gather_bytes -= o.all_gather_bytes;
+  d.reduce_scatter_bytes -= o.reduce_scatter_bytes;
+  d.all_reduce_bytes -= o.all_reduce_bytes;
+  d.broadcast_bytes -= o.broadcast_bytes;
+  d.calls -= o.calls;
+  return d;
+}
+
+struct Group::Counters {
+  std::atomic<int64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0}, calls{0};
+};
+
+Group::Group(std::vector<int64_t> ranks, int64_t rank, std::string kind)
+    : ranks_(std::move(ranks)), rank_(rank), kind_(std::move(kind)),
+      counters_(std::make_shared<Counters>()) {
+  TORCH_INTERNAL_ASSERT(rank_ >= 0 && rank_ < size(), "group rank ", rank_, " out of range");
+}
+
+std::string Group::describe() const {
+  std::string s = kind_ + " group [";
+  for (size_t i = 0; i < ranks_.size(); ++i) s += detail::cat(i ? ", " : "", ranks_[i]);
+  return s + "]";
+}
+
+namespace {
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+void check_buffer(const at::Tensor& t, const char* op, const char* what) {
+  FSDP_CHECK(t.defined(), op, ": ", what, " is undefined");
+  FSDP_CHECK(t.is_contiguous(), op, ": ", what, " must be contiguous; call .contiguous() first");
+}
+}  // namespace
+
+WorkHandle Group::all_gather(at::Tensor output, at::Tensor input) {
+  check_buffer(output, "all_gather", "output");
+  check_buffer(input, "all_gather", "input");
+  FSDP_CHECK(output.numel() == input.numel() * size(), "all_gather on the ", describe(),
+             ": output has ", output.numel(), " elements but needs ", size(), " x ",
+             input.numel());
+  FSDP_CHECK(output.scalar_type() == input.scalar_type(), "all_gather: output dtype ",
+             output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  counters_->all_gather += nbytes(output);
+  counters_->calls += 1;
+  return run_all_gather(std::move(output), std::move(input));
+}
+
+WorkHandle Group::reduce_scatter(at::Tensor output, at::Tensor input) {
+  check_buffer(output, "reduce_scatter", "output");
+  check_buffer(input, "reduce_scatter", "input");
+  FSDP_CHECK(input.numel() == output.numel() * size(), "reduce_scatter on the ", describe(),
+             ": input has ", input.numel(), " elements but needs ", size(), " x ",
+             output.numel());
+  FSDP_CHECK(output.scalar_type() == input.scalar_type(), "reduce_scatter: output dtype ",
+             output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  counters_->reduce_scatter += nbytes(input);
+  counters_->calls += 1;
+  return run_reduce_scatter(std::move(output), std::move(input));
+}
+
+WorkHandle Group::all_reduce(at::Tensor tensor, WorkHandle after) {
+  check_buffer(tensor, "all_reduce", "tensor");
+  counters_->all_reduce += nbytes(tensor);
+  counters_->calls += 1;
+  return run_all_reduce(std::move(tensor), std::move(after));
+}
+
+WorkHandle Group::broadcast(at::Tensor tensor, int64_t root) {
+  check_buffer(tensor, "broadcast", "tensor");
+  FSDP_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of the ",
+             describe());
+  counters_->broadcast += nbytes(tensor);
+  counters_->calls += 1;
+  return run_broadcast(std::move(tensor), root);
+}
+
+void Group::barrier() { run_barrier(); }
+
+CommCounters Group::counters() const {
+  CommCounters c;
+  c.all_gather_bytes = counters_->all_gather;
+  c.reduce_scatter_bytes = counters_->reduce_scatter;
+  c.all_reduce_bytes = counters_->all_reduce;
+  c.broadcast_bytes = counters_->broadcast;
+  c.calls = counters_->calls;
+  return c;
+}
+
+namespace {
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool completed() const override { return true; }
+};
+
+class SingleProcessGroup final : public Group {
+ public:
+  SingleProcessGroup(int64_t global_rank, std::string kind)
+      : Group({global_rank}, 0, std::move(kind)) {}
+
+ protected:
+  WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
+    if (!output.is_same(input)) output.copy_(input);
+    return completed_work();
+  }
+  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
+    if (!output.is_same(input)) output.copy_(input);
+    return completed_work();
+  }
+  WorkHandle run_all_reduce(at::Tensor, WorkHandle after) override {
+    if (after) after->wait();
+    return completed_work();
+  }
+  WorkHandle run_broadcast(at::Tensor, int64_t) override { return completed_work(); }
+  void run_barrier() override {}
+};
+
+}  // namespace
+
+WorkHandle completed_work() {
+  static const WorkHandle done = std::make_shared<DoneWork>();
+  return done;
+}
+
+std::shared_ptr<Group> make_single_process_group(int64_t global_rank, std::string kind) {
+  return std::make_shared<SingleProcessGroup>(global_rank, std::move(kind));
+}
+
+}  // namespace fsdp

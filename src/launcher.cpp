@@ -1,0 +1,344 @@
+// Local rank supervisor (see fsdp/launcher.h).
+#include "fsdp/launcher.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+int64_t available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
+int64_t default_threads_per_rank(int64_t local_ranks) {
+  return std::max<int64_t>(1, available_cores() / std::max<int64_t>(1, local_ranks));
+}
+
+namespace {
+
+// Binds a TCP socket on all interfaces to `port` (0: any free one) and returns the bound port,
+// or -errno.
+int try_bind(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -errno;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int result;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    result = -errno;
+  } else {
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    result = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return result;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? detail::cat("SIG", abbrev) : detail::cat("signal ", sig);
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    return detail::cat("was killed by signal ", WTERMSIG(status), " (",
+                       signal_name(WTERMSIG(status)), ")");
+  }
+  return detail::cat("exited with status ", WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+std::string resolve_executable(const std::string& prog) {
+  auto runnable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (prog.find('/') != std::string::npos) {
+    FSDP_CHECK(runnable(prog), "cannot execute '", prog, "': no such executable file");
+    return prog;
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + prog;
+    if (runnable(candidate)) return candidate;
+    start = end + 1;
+  }
+  throw Error(detail::cat("cannot execute '", prog, "': not found in PATH; give its path"));
+}
+
+volatile sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs SIGINT/SIGTERM/SIGHUP handlers for the supervisor's lifetime and restores the old ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3];
+};
+
+struct Child {
+  int64_t rank = 0;
+  int64_t local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  FSDP_CHECK(o.nproc_per_node >= 1, o.devices_flag, " ", o.nproc_per_node,
+             " is invalid: at least 1 process per node is needed; use ", o.devices_flag, " 1 or more");
+  FSDP_CHECK(o.nproc_per_node <= 1024, o.devices_flag, " ", o.nproc_per_node,
+             " is more processes than one node can run; use at most 1024");
+  FSDP_CHECK(o.num_nodes >= 1, "--num-nodes ", o.num_nodes, " is invalid; use 1 or more");
+  FSDP_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "--node-rank ", o.node_rank,
+             " is outside 0..", o.num_nodes - 1, " for --num-nodes ", o.num_nodes);
+  FSDP_CHECK(!o.master_addr.empty(), "--master-addr is empty; give rank 0's host name or address");
+  FSDP_CHECK(o.master_port >= 0 && o.master_port <= 65535, "--master-port ", o.master_port,
+             " is not a TCP port; use 1..65535, or omit it to pick a free port");
+  FSDP_CHECK(o.num_nodes == 1 || o.master_port != 0, "--num-nodes ", o.num_nodes,
+             " needs --master-port: every node must use the same port, so it cannot be picked "
+             "at random");
+  FSDP_CHECK(o.threads >= 0, "--threads ", o.threads, " is invalid; use 1 or more (0 = auto)");
+  if (o.node_rank == 0 && o.master_port != 0) {
+    int r = try_bind(o.master_port);
+    FSDP_CHECK(r != -EADDRINUSE, "--master-port ", o.master_port,
+               " is already in use on this machine; choose another port, or omit --master-port "
+               "to pick a free one");
+  }
+}
+
+int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
+              const std::string& executable) {
+  FSDP_CHECK(!argv.empty(), "no program to launch; usage: fsdp-run [options] -- program args");
+  validate(opts);
+  const std::string exe = resolve_executable(executable.empty() ? argv[0] : executable);
+  int port = opts.master_port;
+  if (port == 0) {
+    port = try_bind(0);
+    FSDP_CHECK(port > 0, "could not find a free TCP port: ", std::strerror(-port),
+               "; pass --master-port");
+  }
+  const int64_t world = opts.nproc_per_node * opts.num_nodes;
+  const int64_t threads =
+      opts.threads > 0 ? opts.threads : default_threads_per_rank(opts.nproc_per_node);
+  EnvMap base = current_environment();
+  for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (opts.threads > 0 || !base.count(var)) base[var] = std::to_string(threads);
+  }
+  // Variables of other launchers would contradict ours in the ranks (see detect_cluster).
+  for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE"}) {
+    base.erase(var);
+  }
+
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+
+  StopSignals signals;
+  std::vector<Child> children(opts.nproc_per_node);
+  const pid_t supervisor = ::getpid();
+  for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
+    Child& c = children[local];
+    c.local_rank = local;
+    c.rank = opts.node_rank * opts.nproc_per_node + local;
+    EnvMap env = base;
+    env["FSDP_LAUNCHER"] = "1";
+    env["RANK"] = std::to_string(c.rank);
+    env["LOCAL_RANK"] = std::to_string(local);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(opts.nproc_per_node);
+    env["GROUP_RANK"] = std::to_string(opts.node_rank);
+    env["MASTER_ADDR"] = opts.master_addr;
+    env["MASTER_PORT"] = std::to_string(port);
+    std::vector<std::string> strings;
+    for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
+    std::vector<char*> cenv;
+    for (auto& s : strings) cenv.push_back(s.data());
+    cenv.push_back(nullptr);
+
+    std::cout.flush();
+    std::cerr.flush();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != supervisor) ::_exit(1);
+      ::execve(exe.c_str(), cargv.data(), cenv.data());
+      const char msg[] = "fsdp launcher: execve failed\n";
+      (void)!::write(2, msg, sizeof(msg) - 1);
+      ::_exit(127);
+    }
+    if (pid < 0) {
+      int err = errno;
+      for (auto& other : children) {
+        if (other.running) ::kill(other.pid, SIGKILL);
+      }
+      for (auto& other : children) {
+        if (other.running) ::waitpid(other.pid, nullptr, 0);
+      }
+      throw Error(detail::cat("could not start rank ", c.rank, ": fork failed: ",
+                              std::strerror(err)));
+    }
+    c.pid = pid;
+    c.running = true;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  int64_t running = opts.nproc_per_node;
+  std::vector<int64_t> failed;  // indices into children, in the order they were reaped
+  bool stopping = false;
+  int stop_signal = 0;
+  Clock::time_point first_failure_at{}, term_sent_at{};
+  bool term_sent = false, kill_sent = false;
+
+  while (running > 0) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid || !c.running) continue;
+        c.running = false;
+        c.status = status;
+        --running;
+        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !term_sent && stop_signal == 0 && g_stop_signal == 0) {
+          if (failed.empty()) first_failure_at = Clock::now();
+          failed.push_back(c.local_rank);
+        }
+      }
+      continue;  // reap everything that is ready before deciding
+    }
+    if (g_stop_signal != 0 && stop_signal == 0) {
+      stop_signal = g_stop_signal;
+      stopping = true;
+    }
+    // Give the other ranks a moment to report too, so the root cause (e.g. the rank that was
+    // killed, not the ranks that then lost their connection to it) can be named.
+    if (!failed.empty() && !stopping &&
+        Clock::now() - first_failure_at > std::chrono::milliseconds(100)) {
+      stopping = true;
+    }
+    if (stopping && !term_sent) {
+      for (auto& c : children) {
+        if (c.running) ::kill(c.pid, SIGTERM);
+      }
+      term_sent = true;
+      term_sent_at = Clock::now();
+    }
+    if (term_sent && !kill_sent && Clock::now() - term_sent_at > opts.grace) {
+      for (auto& c : children) {
+        if (c.running) ::kill(c.pid, SIGKILL);
+      }
+      kill_sent = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  if (stop_signal != 0 && failed.empty()) {
+    std::cerr << opts.name << ": interrupted by " << signal_name(stop_signal) << "; stopped all "
+              << opts.nproc_per_node << " ranks on this node\n";
+    return 128 + stop_signal;
+  }
+  if (failed.empty()) return 0;
+  // The culprit: a rank killed by a signal we did not send, else the first that failed.
+  int64_t culprit = failed.front();
+  for (int64_t i : failed) {
+    if (WIFSIGNALED(children[i].status)) {
+      culprit = i;
+      break;
+    }
+  }
+  const Child& c = children[culprit];
+  std::string others;
+  for (int64_t i : failed) {
+    if (i != culprit) others += detail::cat(others.empty() ? "" : ", ", children[i].rank);
+  }
+  std::cerr << opts.name << ": rank " << c.rank << " (local rank " << c.local_rank << ", pid "
+            << c.pid << ") " << describe_status(c.status) << "; stopped the other ranks";
+  if (!others.empty()) std::cerr << " (rank(s) " << others << " had also failed)";
+  std::cerr << "\n";
+  int code = exit_code_of(c.status);
+  return code == 0 ? 1 : code;
+}
+
+std::optional<int> launch_self(int argc, char** argv, const LaunchOptions& opts) {
+  ClusterEnv env = detect_cluster(current_environment());
+  if (env.kind != ClusterKind::kSingle) return std::nullopt;
+  if (opts.nproc_per_node == 1 && opts.num_nodes == 1) return std::nullopt;
+  std::vector<std::string> args(argv, argv + argc);
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  FSDP_CHECK(n > 0, "cannot find this program's executable (/proc/self/exe): ",
+             std::strerror(errno));
+  self[n] = '\0';
+  return supervise(opts, args, self);
+}
+
+void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env) {
+  if (env.kind == ClusterKind::kSingle) return;
+  const char* who = to_string(env.kind);
+  FSDP_CHECK(!given.devices || *given.devices == env.local_world_size, "--devices ",
+             given.devices.value_or(0), " contradicts the ", who, " environment, which started ",
+             env.local_world_size, " ranks on this node; drop --devices or make them equal");
+  FSDP_CHECK(!given.num_nodes || *given.num_nodes == env.num_nodes, "--num-nodes ",
+             given.num_nodes.value_or(0), " contradicts the ", who, " environment (", env.num_nodes,
+             " nodes); drop --num-nodes or make them equal");
+  FSDP_CHECK(!given.node_rank || *given.node_rank == env.node_rank, "--node-rank ",
+             given.node_rank.value_or(0), " contradicts the ", who, " environment (node ",
+             env.node_rank, "); drop --node-rank or make them equal");
+  FSDP_CHECK(!given.master_addr || *given.master_addr == env.master_addr, "--master-addr ",
+             given.master_addr.value_or(""), " contradicts the ", who,
+             " environment (MASTER_ADDR ", env.master_addr, "); drop one of them");
+  FSDP_CHECK(!given.master_port || *given.master_port == env.master_port, "--master-port ",
+             given.master_port.value_or(0), " contradicts the ", who, " environment (port ",
+             env.master_port, "); drop one of them");
+}
+
+}  // namespace fsdp

@@ -1,0 +1,343 @@
+// Rendezvous, process groups and threads of one rank (see fsdp/runtime.h).
+#include "fsdp/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <mutex>
+
+#include "c10d_group.h"
+#include "compat.h"
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
+#include "runtime_internal.h"
+
+#if defined(FSDP_WITH_CUDA)
+#include <torch/cuda.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace fsdp {
+
+const char* to_string(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+Backend parse_backend(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (auto b : {Backend::kAuto, Backend::kGloo, Backend::kNccl}) {
+    if (t == to_string(b)) return b;
+  }
+  throw Error(detail::cat("backend '", text, "' is unknown; use auto, gloo or nccl"));
+}
+
+void set_threads(int64_t threads) {
+  FSDP_CHECK(threads >= 1, "threads ", threads, " is invalid; use 1 or more");
+  at::set_num_threads(static_cast<int>(threads));
+  // OpenBLAS keeps its own pool, sized from OPENBLAS_NUM_THREADS or the core count at load time.
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    fn(static_cast<int>(threads));
+  }
+}
+
+namespace {
+
+bool cuda_usable() {
+#if defined(FSDP_WITH_CUDA)
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// The local address this machine uses to reach `host`: Gloo must listen on an address the other
+// nodes can reach, and the hostname often resolves to 127.0.1.1 on Debian.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  FSDP_CHECK(rc == 0 && res, "cannot resolve the master address '", host, "': ", gai_strerror(rc),
+             "; fix --master-addr / MASTER_ADDR");
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  std::string result = "127.0.0.1";
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      if (inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf))) result = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(res);
+  return result;
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  return detail::cat(static_cast<double>(ms.count()) / 1000.0, " s");
+}
+
+}  // namespace
+
+struct Runtime::Impl {
+  ClusterEnv env;
+  RuntimeOptions options;
+  Backend backend = Backend::kGloo;
+  c10::Device device{c10::kCPU};
+  int64_t threads = 1;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<::gloo::transport::Device> gloo_device;
+  std::shared_ptr<Group> world;
+  std::mutex mu;  // guards the counters below
+  int64_t groups_created = 0;
+  int64_t agreements = 0;
+
+  // Waits until `count_key` reached `expected` (every rank add()s 1), up to the timeout. The
+  // last arrival sets `count_key + "/all"`, which the others wait for.
+  int64_t arrive_and_wait(const std::string& count_key, int64_t expected, bool wait) {
+    int64_t n = store->add(count_key, 1);
+    FSDP_CHECK(n >= 1 && n <= expected, "the rendezvous store at ", env.master_addr, ":",
+               env.master_port, " answered nonsense (", count_key, " = ", n, "): something else ",
+               "listens there, or another job shares the port; fix --master-addr / --master-port");
+    if (n == expected) store->set(count_key + "/all", bytes("1"));
+    if (!wait) return n;
+    try {
+      store->wait({count_key + "/all"}, options.timeout);
+    } catch (const std::exception&) {
+      return store->add(count_key, 0);
+    }
+    return expected;
+  }
+
+  std::shared_ptr<Group> make_group(const std::vector<int64_t>& ranks, int64_t group_rank,
+                                    const std::string& prefix, const std::string& kind) {
+    const int64_t size = static_cast<int64_t>(ranks.size());
+    if (size == 1) return make_single_process_group(env.rank, kind);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    if (backend == Backend::kNccl) {
+#if defined(FSDP_WITH_CUDA)
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = options.timeout;
+      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, static_cast<int>(group_rank),
+                                                            static_cast<int>(size), opts);
+      return detail::make_c10d_group(pg, ranks, group_rank, kind, /*flat=*/true,
+                                     options.reduce_scatter);
+#else
+      TORCH_INTERNAL_ASSERT(false, "nccl backend without CUDA support");
+#endif
+    }
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(gloo_device);
+    opts->threads = 2;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(group_rank),
+                                                          static_cast<int>(size), opts);
+    return detail::make_c10d_group(pg, ranks, group_rank, kind, compat::kGlooHasFlatCollectives,
+                                   options.reduce_scatter);
+  }
+};
+
+struct RuntimeFactory {
+  // Meets the other ranks on impl's store, creates the world group and the Runtime.
+  static std::shared_ptr<Runtime> finish(std::unique_ptr<Runtime::Impl> impl) {
+    auto& m = *impl;
+    const ClusterEnv& env = m.env;
+    if (env.world_size > 1) {
+      int64_t arrived = m.arrive_and_wait("fsdp/join", env.world_size, /*wait=*/true);
+      FSDP_CHECK(arrived == env.world_size, "rendezvous at ", env.master_addr, ":",
+                 env.master_port, ": only ", arrived, " of ", env.world_size,
+                 " ranks arrived within ", seconds(m.options.timeout),
+                 "; start the missing ranks (same --devices and --num-nodes on every node) or "
+                 "raise --timeout");
+      if (m.backend == Backend::kGloo) {
+        if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+          m.gloo_device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+        } else if (env.num_nodes == 1) {
+          m.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+        } else {
+          m.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname(
+              local_address_towards(env.master_addr, env.master_port));
+        }
+      }
+    }
+    std::vector<int64_t> all(env.world_size);
+    for (int64_t r = 0; r < env.world_size; ++r) all[r] = r;
+    m.world = m.make_group(all, env.rank, "fsdp/world/", "world");
+    return std::shared_ptr<Runtime>(new Runtime(std::move(impl)));
+  }
+
+  static std::unique_ptr<Runtime::Impl> prepare(const ClusterEnv& env,
+                                                const RuntimeOptions& options) {
+    FSDP_CHECK(options.timeout.count() > 0, "timeout ", options.timeout.count(),
+               " ms is invalid; use a positive timeout");
+    FSDP_CHECK(options.threads >= 0, "threads ", options.threads,
+               " is invalid; use 1 or more (0 = auto)");
+    auto impl = std::make_unique<Runtime::Impl>();
+    impl->env = env;
+    impl->options = options;
+    Backend b = options.backend;
+    if (b == Backend::kAuto) b = cuda_usable() ? Backend::kNccl : Backend::kGloo;
+    FSDP_CHECK(b != Backend::kNccl || cuda_usable(),
+               "backend nccl needs a libtorch built with CUDA and a visible GPU, and this process "
+               "has neither; use --backend gloo (or auto)");
+    impl->backend = b;
+    if (b == Backend::kNccl) {
+      impl->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+#if defined(FSDP_WITH_CUDA)
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+#endif
+    }
+    return impl;
+  }
+};
+
+std::shared_ptr<Runtime> Runtime::init(const RuntimeOptions& options) {
+  return init(detect_cluster(current_environment()), options);
+}
+
+std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptions& options) {
+  auto impl = RuntimeFactory::prepare(env, options);
+  impl->threads = options.threads > 0  ? options.threads
+                  : env.threads > 0    ? env.threads
+                                       : default_threads_per_rank(env.local_world_size);
+  set_threads(impl->threads);
+  if (env.world_size == 1) {
+    impl->store = c10::make_intrusive<c10d::HashStore>();
+    return RuntimeFactory::finish(std::move(impl));
+  }
+  auto opts = compat::tcp_store_options();
+  opts.port = static_cast<uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = static_cast<size_t>(env.world_size);
+  opts.waitWorkers = false;  // our own join (RuntimeFactory::finish) names the missing ranks
+  opts.timeout = options.timeout;
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    const std::string reason = error_message(e);
+    if (env.rank == 0 && reason.find("in use") != std::string::npos) {
+      throw Error(detail::cat("rank 0 could not host the rendezvous store: port ",
+                              env.master_port, " is already in use; choose another "
+                              "--master-port / MASTER_PORT"));
+    }
+    throw Error(detail::cat("rank ", env.rank, " could not reach the rendezvous store at ",
+                            env.master_addr, ":", env.master_port, " within ",
+                            seconds(options.timeout), " (", reason,
+                            "); check that rank 0 runs and that --master-addr / MASTER_ADDR and "
+                            "--master-port / MASTER_PORT point to it, or raise --timeout"));
+  }
+  return RuntimeFactory::finish(std::move(impl));
+}
+
+namespace detail {
+std::shared_ptr<Runtime> make_runtime(c10::intrusive_ptr<c10d::Store> store, const ClusterEnv& env,
+                                      const RuntimeOptions& options) {
+  auto impl = RuntimeFactory::prepare(env, options);
+  impl->threads = at::get_num_threads();
+  impl->store = std::move(store);
+  return RuntimeFactory::finish(std::move(impl));
+}
+}  // namespace detail
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Runtime::~Runtime() {
+  if (!impl_ || impl_->env.world_size == 1) return;
+  // Rank 0 hosts the store: it must outlive every other rank's last use of it.
+  try {
+    impl_->world.reset();
+    const bool wait = impl_->env.rank == 0 && std::uncaught_exceptions() == 0;
+    impl_->arrive_and_wait("fsdp/exit", impl_->env.world_size, wait);
+  } catch (...) {  // a destructor must not throw; peers that died are reported elsewhere
+  }
+}
+
+const ClusterEnv& Runtime::env() const { return impl_->env; }
+int64_t Runtime::rank() const { return impl_->env.rank; }
+int64_t Runtime::world_size() const { return impl_->env.world_size; }
+Backend Runtime::backend() const { return impl_->backend; }
+c10::Device Runtime::device() const { return impl_->device; }
+const RuntimeOptions& Runtime::options() const { return impl_->options; }
+int64_t Runtime::threads() const { return impl_->threads; }
+std::shared_ptr<Group> Runtime::world() const { return impl_->world; }
+
+std::shared_ptr<Group> Runtime::new_group(const std::vector<int64_t>& ranks,
+                                          const std::string& kind) {
+  FSDP_CHECK(!ranks.empty(), "new_group: the rank list is empty");
+  std::vector<int64_t> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    FSDP_CHECK(sorted[i] >= 0 && sorted[i] < world_size(), "new_group: rank ", sorted[i],
+               " is outside the world of ", world_size(), " ranks");
+    FSDP_CHECK(i == 0 || sorted[i] != sorted[i - 1], "new_group: rank ", sorted[i],
+               " is listed twice");
+  }
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    id = impl_->groups_created++;
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  if (it == ranks.end()) return nullptr;
+  return impl_->make_group(ranks, it - ranks.begin(), detail::cat("fsdp/group/", id, "/"), kind);
+}
+
+void Runtime::check_agreement(const std::string& what, const std::string& value) {
+  const int64_t W = world_size();
+  if (W == 1) return;
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    id = impl_->agreements++;
+  }
+  auto& store = *impl_->store;
+  const std::string key = detail::cat("fsdp/agree/", id, "/");
+  store.set(key + std::to_string(rank()), bytes(value));
+  std::string first;
+  try {
+    store.wait({key + "0"}, impl_->options.timeout);
+    first = text(store.get(key + "0"));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", rank(), " waited ", seconds(impl_->options.timeout),
+                            " for rank 0 to report its ", what, ": ", error_message(e)));
+  }
+  if (first != value) store.set(key + "mismatch", bytes(detail::cat(rank(), "\n", value)));
+  store.add(key + "mismatches", first != value ? 1 : 0);
+  int64_t arrived = impl_->arrive_and_wait(key + "checked", W, /*wait=*/true);
+  FSDP_CHECK(arrived == W, "only ", arrived, " of ", W, " ranks checked their ", what, " within ",
+             seconds(impl_->options.timeout), "; a rank is missing or stuck");
+  if (store.add(key + "mismatches", 0) == 0) return;
+  std::string mismatch = text(store.get(key + "mismatch"));
+  auto nl = mismatch.find('\n');
+  throw Error(detail::cat("ranks disagree on the ", what, ": rank 0 has '", first, "' but rank ",
+                          mismatch.substr(0, nl), " has '", mismatch.substr(nl + 1),
+                          "'; start every rank with the same arguments"));
+}
+
+}  // namespace fsdp

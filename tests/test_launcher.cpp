@@ -1,0 +1,321 @@
+// Multi-process tests of every launcher path: fsdp-run, a torchrun environment, SLURM and
+// OpenMPI; failure propagation (a killed rank, a non-zero exit, Ctrl-C, a killed supervisor);
+// and bad input. Every child has a deadline and is killed by the helpers if it overruns.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
+#include <thread>
+
+#include "testing.h"
+
+using namespace fsdp::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kWorker = binary_dir() + "/fsdp_test_worker";
+const std::string kRun = tool_dir() + "/fsdp-run";
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// Starts `world` workers directly with per-rank environments made by `env_of`.
+std::vector<ProcessResult> run_direct(
+    int world, const std::vector<std::string>& args,
+    const std::function<std::map<std::string, std::string>(int)>& env_of,
+    std::chrono::milliseconds deadline = 60s) {
+  std::vector<std::unique_ptr<Process>> procs;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv{kWorker};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto env = env_of(r);
+    env["OMP_NUM_THREADS"] = "1";
+    procs.push_back(std::make_unique<Process>(argv, env));
+  }
+  std::vector<ProcessResult> results;
+  for (auto& p : procs) results.push_back(p->wait(deadline));
+  return results;
+}
+
+bool alive(int pid) { return ::kill(pid, 0) == 0; }
+
+}  // namespace
+
+TEST(Launcher, LocalRanksRendezvousAndReduce) {
+  auto r = run({kRun, "--nproc-per-node", "3", kWorker, "allreduce"});
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE(r.output.find("ok rank " + std::to_string(rank) + "/3 kind=fsdp-run node=0/1 local=" +
+                            std::to_string(rank) + "/3 threads=1"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(Launcher, TwoNodesOnOneMachine) {
+  // Two fsdp-run supervisors, one per "node", meet at the same master port.
+  const std::string port = std::to_string(free_port());
+  Process node0({kRun, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0",
+                 "--master-port", port, kWorker, "allreduce"});
+  Process node1({kRun, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                 "--master-port", port, kWorker, "allreduce"});
+  auto r0 = node0.wait(60s), r1 = node1.wait(60s);
+  EXPECT_EQ(r0.exit_code(), 0) << r0.output;
+  EXPECT_EQ(r1.exit_code(), 0) << r1.output;
+  EXPECT_NE(r1.output.find("ok rank 3/4 kind=fsdp-run node=1/2 local=1/2"), std::string::npos)
+      << r1.output;
+}
+
+TEST(Launcher, TorchrunEnvironment) {
+  const std::string port = std::to_string(free_port());
+  auto results = run_direct(2, {"allreduce"}, [&](int r) {
+    return std::map<std::string, std::string>{
+        {"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
+        {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", "test"}};
+  });
+  for (auto& res : results) {
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    EXPECT_NE(res.output.find("kind=torchrun"), std::string::npos) << res.output;
+  }
+}
+
+TEST(Launcher, SlurmEnvironment) {
+  // The port comes from the job id (15000 + id % 10000): pick an id whose port is free.
+  int job = 0;
+  for (int id = 1000 + (::getpid() % 5000); id < 10000; ++id) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(15000 + id);
+    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (ok) {
+      job = id;
+      break;
+    }
+  }
+  ASSERT_GT(job, 0);
+  auto results = run_direct(2, {"allreduce"}, [&](int r) {
+    return std::map<std::string, std::string>{
+        {"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},
+        {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"},
+        {"SLURM_NODELIST", "localhost"}, {"SLURM_JOB_ID", std::to_string(9990000 + job)},
+        {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}};
+  });
+  for (auto& res : results) {
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    EXPECT_NE(res.output.find("kind=SLURM"), std::string::npos) << res.output;
+  }
+}
+
+TEST(Launcher, OpenMPIEnvironment) {
+  const std::string port = std::to_string(free_port());
+  auto results = run_direct(2, {"allreduce"}, [&](int r) {
+    return std::map<std::string, std::string>{
+        {"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"MASTER_PORT", port}};
+  });
+  for (auto& res : results) {
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    EXPECT_NE(res.output.find("kind=OpenMPI"), std::string::npos) << res.output;
+  }
+}
+
+TEST(Launcher, KilledRankStopsTheJob) {
+  auto r = run({kRun, "--nproc-per-node", "3", kWorker, "die", "1", "9"}, {}, 60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 128 + 9) << r.output;
+  EXPECT_NE(r.output.find("fsdp-run: rank 1 (local rank 1, pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, KilledRankWithoutSupervisorFailsThePeersClearly) {
+  // No supervisor to stop them: the surviving ranks must notice the dead peer and exit with an
+  // error naming the failed collective, long before the 20 s collective timeout.
+  const std::string port = std::to_string(free_port());
+  auto start = std::chrono::steady_clock::now();
+  auto results = run_direct(3, {"die", "2", "9"}, [&](int r) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"},
+                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+  });
+  EXPECT_TRUE(results[2].killed_by(SIGKILL));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(results[r].timed_out);
+    EXPECT_EQ(results[r].exit_code(), 1) << results[r].output;
+    EXPECT_NE(results[r].output.find("all_reduce on the world group [0, 1, 2] failed"),
+              std::string::npos)
+        << results[r].output;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 40s);
+}
+
+TEST(Launcher, NonZeroExitIsReported) {
+  auto r = run({kRun, "--nproc-per-node", "3", "--grace-period", "1", kWorker, "exit", "2", "3"});
+  EXPECT_EQ(r.exit_code(), 3) << r.output;
+  EXPECT_NE(r.output.find("fsdp-run: rank 2 (local rank 2, pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with status 3"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, InterruptStopsEveryRank) {
+  Process p({kRun, "--nproc-per-node", "2", kWorker, "sleep"});
+  // Wait until both ranks joined and printed their pids.
+  std::string out;
+  ProcessResult r;
+  std::vector<int> pids;
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  // Poll the ranks' pids from /proc: children of the supervisor.
+  while (std::chrono::steady_clock::now() < deadline && pids.size() < 2) {
+    pids.clear();
+    std::string children = "/proc/" + std::to_string(p.pid()) + "/task/" +
+                           std::to_string(p.pid()) + "/children";
+    FILE* f = std::fopen(children.c_str(), "r");
+    if (f) {
+      int pid;
+      while (std::fscanf(f, "%d", &pid) == 1) pids.push_back(pid);
+      std::fclose(f);
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(pids.size(), 2u);
+  std::this_thread::sleep_for(3s);  // let them get into the sleep
+  p.signal(SIGINT);
+  r = p.wait(30s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code(), 128 + SIGINT) << r.output;
+  EXPECT_NE(r.output.find("interrupted by SIGINT; stopped all 2 ranks"), std::string::npos)
+      << r.output;
+  for (int pid : pids) EXPECT_FALSE(alive(pid)) << "rank pid " << pid << " survived";
+}
+
+TEST(Launcher, KilledSupervisorLeavesNoOrphans) {
+  Process p({kRun, "--nproc-per-node", "2", kWorker, "sleep"});
+  std::vector<int> pids;
+  for (int i = 0; i < 300 && pids.size() < 2; ++i) {
+    pids.clear();
+    std::string children = "/proc/" + std::to_string(p.pid()) + "/task/" +
+                           std::to_string(p.pid()) + "/children";
+    if (FILE* f = std::fopen(children.c_str(), "r")) {
+      int pid;
+      while (std::fscanf(f, "%d", &pid) == 1) pids.push_back(pid);
+      std::fclose(f);
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(pids.size(), 2u);
+  ::kill(p.pid(), SIGKILL);
+  p.wait(10s);
+  std::this_thread::sleep_for(500ms);
+  for (int pid : pids) {
+    // Orphans are re-parented; PDEATHSIG must have killed them (zombies of init do not count).
+    std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    FILE* f = std::fopen(stat.c_str(), "r");
+    char state = 'X';
+    if (f) {
+      int ignored;
+      char comm[256];
+      if (std::fscanf(f, "%d %255s %c", &ignored, comm, &state) != 3) state = 'X';
+      std::fclose(f);
+    }
+    EXPECT_TRUE(state == 'X' || state == 'Z') << "rank pid " << pid << " is still running";
+  }
+}
+
+TEST(Launcher, BadInput) {
+  auto r = run({kRun, "--nproc-per-node", "0", kWorker});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("--nproc-per-node 0 is invalid"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "\n"), 1) << r.output;
+
+  r = run({kRun, "--bogus", kWorker});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("--bogus"), std::string::npos) << r.output;
+
+  r = run({kRun, "--nproc-per-node", "2"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("no program given"), std::string::npos) << r.output;
+
+  r = run({kRun, "--nnodes", "2", kWorker});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("needs --master-port"), std::string::npos) << r.output;
+
+  r = run({kRun, "./no-such-program"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("cannot execute './no-such-program'"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, PortInUse) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ::listen(fd, 1);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  auto r = run({kRun, "--nproc-per-node", "2", "--master-port", port, kWorker});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.output.find("--master-port " + port + " is already in use"), std::string::npos)
+      << r.output;
+  // A rank 0 started by another launcher on a busy port fails just as clearly.
+  auto results = run_direct(1, {"allreduce"}, [&](int) {
+    return std::map<std::string, std::string>{{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                              {"MASTER_PORT", port}};
+  });
+  EXPECT_EQ(results[0].exit_code(), 1);
+  EXPECT_NE(results[0].output.find("port " + port + " is already in use"), std::string::npos)
+      << results[0].output;
+  ::close(fd);
+}
+
+TEST(Launcher, UnreachableMasterTimesOutNamingTheAddress) {
+  // Nobody listens at the master address (this sandbox's proxy answers any outside address, so
+  // the unreachable host is a closed local port).
+  const std::string port = std::to_string(free_port());
+  auto start = std::chrono::steady_clock::now();
+  auto results = run_direct(1, {"allreduce"}, [&](int) {
+    return std::map<std::string, std::string>{{"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", port},
+                                              {"FSDP_TEST_TIMEOUT_MS", "3000"}};
+  });
+  EXPECT_EQ(results[0].exit_code(), 1) << results[0].output;
+  EXPECT_NE(results[0].output.find("could not reach the rendezvous store at 127.0.0.1:" + port +
+                                   " within 3 s"),
+            std::string::npos)
+      << results[0].output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+TEST(Launcher, MissingRanksTimeOut) {
+  const std::string port = std::to_string(free_port());
+  auto results = run_direct(1, {"allreduce"}, [&](int) {
+    return std::map<std::string, std::string>{{"RANK", "0"}, {"WORLD_SIZE", "3"},
+                                              {"MASTER_PORT", port},
+                                              {"FSDP_TEST_TIMEOUT_MS", "2000"}};
+  });
+  EXPECT_EQ(results[0].exit_code(), 1);
+  EXPECT_NE(results[0].output.find("only 1 of 3 ranks arrived"), std::string::npos)
+      << results[0].output;
+}
+
+TEST(Launcher, ContradictoryEnvironment) {
+  auto results = run_direct(1, {"allreduce"}, [&](int) {
+    return std::map<std::string, std::string>{{"RANK", "2"}, {"WORLD_SIZE", "2"},
+                                              {"MASTER_PORT", "1"}};
+  });
+  EXPECT_EQ(results[0].exit_code(), 1);
+  EXPECT_NE(results[0].output.find("RANK=2 but WORLD_SIZE=2"), std::string::npos)
+      << results[0].output;
+}

@@ -1,0 +1,195 @@
+#include "testing.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime_internal.h"
+
+extern char** environ;
+
+namespace fsdp::testing {
+
+void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t local_world,
+               std::chrono::milliseconds timeout, ReduceScatterAlgorithm algorithm) {
+  if (local_world <= 0) local_world = world;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ClusterEnv env;
+        env.kind = ClusterKind::kTorchElastic;
+        env.rank = r;
+        env.world_size = world;
+        env.local_rank = r % local_world;
+        env.local_world_size = local_world;
+        env.node_rank = r / local_world;
+        env.num_nodes = world / local_world;
+        env.master_port = 1;
+        RuntimeOptions opts;
+        opts.backend = Backend::kGloo;
+        opts.timeout = timeout;
+        opts.reduce_scatter = algorithm;
+        auto rt = detail::make_runtime(store, env, opts);
+        fn(*rt);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+int ProcessResult::exit_code() const {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+bool ProcessResult::killed_by(int sig) const {
+  return WIFSIGNALED(status) && WTERMSIG(status) == sig;
+}
+
+Process::Process(const std::vector<std::string>& argv,
+                 const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) {
+    if (v.empty()) {
+      merged.erase(k);
+    } else {
+      merged[k] = v;
+    }
+  }
+  std::vector<std::string> strings;
+  for (const auto& [k, v] : merged) strings.push_back(k + "=" + v);
+  std::vector<char*> cenv, cargv;
+  for (auto& s : strings) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
+  std::vector<std::string> args = argv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::setpgid(0, 0);  // its own process group: the destructor can kill it with its children
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  out_fd_ = fds[0];
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  ::setpgid(pid_, pid_);
+}
+
+void Process::drain() {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(out_fd_, buf, sizeof(buf));
+    if (n > 0) {
+      output_.append(buf, n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+}
+
+ProcessResult Process::wait(std::chrono::milliseconds deadline) {
+  if (done_) return result_;
+  auto end = std::chrono::steady_clock::now() + deadline;
+  ::fcntl(out_fd_, F_SETFL, O_NONBLOCK);
+  for (;;) {
+    drain();
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      ::fcntl(out_fd_, F_SETFL, 0);
+      // Grandchildren (ranks) may still hold the pipe; read what is there without blocking on it.
+      ::fcntl(out_fd_, F_SETFL, O_NONBLOCK);
+      drain();
+      result_.status = status;
+      break;
+    }
+    if (std::chrono::steady_clock::now() > end) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      drain();
+      result_.status = status;
+      result_.timed_out = true;
+      break;
+    }
+    pollfd p{out_fd_, POLLIN, 0};
+    ::poll(&p, 1, 20);
+  }
+  ::kill(-pid_, SIGKILL);  // leftovers in its process group
+  result_.output = output_;
+  done_ = true;
+  return result_;
+}
+
+void Process::signal(int sig) {
+  if (!done_) ::kill(pid_, sig);
+}
+
+Process::~Process() {
+  if (!done_ && pid_ > 0) {
+    ::kill(-pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) ::close(out_fd_);
+}
+
+ProcessResult run(const std::vector<std::string>& argv,
+                  const std::map<std::string, std::string>& env,
+                  std::chrono::milliseconds deadline) {
+  Process p(argv, env);
+  return p.wait(deadline);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string binary_dir() { return FSDP_TEST_BINARY_DIR; }
+std::string tool_dir() { return FSDP_TOOL_DIR; }
+
+}  // namespace fsdp::testing

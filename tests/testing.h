@@ -1,0 +1,66 @@
+// Test helpers: ranks as threads over one in-process store, and child processes with deadlines.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/runtime.h"
+
+namespace fsdp::testing {
+
+// Runs `fn` on `world` threads, each a rank with its own Runtime (Gloo groups over a shared
+// c10d::HashStore). `local_world` ranks form a "node" (default: all). Rethrows the first error.
+// Collectives time out after `timeout`, so a broken test fails instead of hanging.
+void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn,
+               int64_t local_world = 0,
+               std::chrono::milliseconds timeout = std::chrono::seconds(60),
+               ReduceScatterAlgorithm algorithm = ReduceScatterAlgorithm::kAuto);
+
+// A finished child process.
+struct ProcessResult {
+  int status = 0;          // raw waitpid status
+  bool timed_out = false;  // killed by us at the deadline
+  std::string output;      // stdout and stderr, interleaved
+  int exit_code() const;   // 128 + signal for a signal
+  bool killed_by(int sig) const;
+};
+
+// Starts `argv` with `env` added to (or, for empty values, removed from) the current environment;
+// output goes to a pipe. The destructor SIGKILLs what is still running: no test leaves orphans.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  int pid() const { return pid_; }
+  // Waits up to `deadline`, then SIGKILLs (process group) and reports timed_out.
+  ProcessResult wait(std::chrono::milliseconds deadline);
+  void signal(int sig);
+
+ private:
+  int pid_ = -1;
+  int out_fd_ = -1;
+  std::string output_;
+  bool done_ = false;
+  ProcessResult result_;
+  void drain();
+};
+
+// Runs a command to completion (see Process).
+ProcessResult run(const std::vector<std::string>& argv,
+                  const std::map<std::string, std::string>& env = {},
+                  std::chrono::milliseconds deadline = std::chrono::seconds(120));
+
+// A TCP port nobody listens on right now.
+int free_port();
+
+// Directory of the test binaries (where fsdp_test_worker lives) and of the built tools.
+std::string binary_dir();
+std::string tool_dir();
+
+}  // namespace fsdp::testing

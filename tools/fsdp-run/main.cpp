@@ -1,0 +1,68 @@
+// fsdp-run: start N ranks of any program on this node and supervise them, like torchrun.
+//
+//   fsdp-run --nproc-per-node 4 ./my_prog args
+//   fsdp-run --nproc-per-node 4 --nnodes 2 --node-rank 0 --master-addr H --master-port P -- ./my_prog
+//
+// Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+// MASTER_PORT and FSDP_LAUNCHER=1; fsdp::Runtime::init() reads them. Links no libtorch, so it
+// starts instantly.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
+
+int main(int argc, char** argv) {
+  fsdp::LaunchOptions opts;
+  opts.name = "fsdp-run";
+  opts.devices_flag = "--nproc-per-node";
+  double grace_s = 3.0;
+
+  CLI::App app{"fsdp-run: start and supervise the ranks of a distributed program on this node.\n"
+               "Usage: fsdp-run [options] [--] program [args...]"};
+  app.prefix_command();  // everything from the first positional on belongs to the program
+  app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node")
+      ->capture_default_str();
+  app.add_option("--nnodes,--num-nodes", opts.num_nodes, "nodes in the job")->capture_default_str();
+  app.add_option("--node-rank", opts.node_rank, "this node's index, 0 .. nnodes-1")
+      ->capture_default_str();
+  app.add_option("--master-addr", opts.master_addr, "host of rank 0 (on node 0)")
+      ->capture_default_str();
+  app.add_option("--master-port", opts.master_port,
+                 "port of rank 0's rendezvous store; 0 = pick a free one (single node only)")
+      ->capture_default_str();
+  app.add_option("--threads", opts.threads,
+                 "intra-op threads per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); "
+                 "0 = max(1, cores / nproc-per-node) unless already set in the environment")
+      ->capture_default_str();
+  app.add_option("--grace-period", grace_s,
+                 "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-run: error: " << e.what() << " (see fsdp-run --help)\n";
+    return 2;
+  }
+  std::vector<std::string> program = app.remaining();
+  if (!program.empty() && program.front() == "--") program.erase(program.begin());
+  if (program.empty()) {
+    std::cerr << "fsdp-run: error: no program given; usage: fsdp-run [options] [--] program "
+                 "[args...]\n";
+    return 2;
+  }
+  if (grace_s < 0) {
+    std::cerr << "fsdp-run: error: --grace-period " << grace_s << " is negative; use 0 or more\n";
+    return 2;
+  }
+  opts.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  try {
+    return fsdp::supervise(opts, program);
+  } catch (const fsdp::Error& e) {
+    std::cerr << "fsdp-run: error: " << e.what() << "\n";
+    return 2;
+  }
+}
