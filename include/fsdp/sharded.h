@@ -1,0 +1,305 @@
+// fsdp/sharded.h: sharding a libtorch module. The entry point is fsdp::shard():
+//
+//   struct BlockImpl : torch::nn::Module { ... torch::Tensor forward(torch::Tensor x); };
+//   struct NetImpl : torch::nn::Module {
+//     std::vector<fsdp::Unit<BlockImpl>> blocks;   // was std::vector<Block>: the one-word opt-in
+//     ...
+//   };
+//   auto model = fsdp::shard(std::make_shared<NetImpl>(),
+//                            fsdp::FSDPStrategy().sharding_strategy("hybrid_shard")
+//                                                .device_mesh({2, 4}));
+//   torch::optim::AdamW opt(model.parameters(), 1e-3);   // this rank's shards only
+//   auto loss = torch::cross_entropy_loss(model(x), y);
+//   opt.zero_grad(); loss.backward(); model.clip_grad_norm(1.0); opt.step();
+//
+// NOTE [intercepting forward]
+// libtorch modules have no forward hooks and Module::forward is not virtual, so fsdp needs to run
+// code around the forward of each unit. It can for two kinds of modules:
+//   - fsdp::Unit<M> (a ModuleHolder of UnitImpl<M>, which derives from M): a drop-in for a
+//     TORCH_MODULE holder whose forward gathers the unit's parameters, runs M::forward, then
+//     frees them (FULL_SHARD) and arms the pre-backward hook. Without fsdp it is plain M. Parameter
+//     names do not change.
+//   - children of a torch::nn::Sequential whose forward maps a Tensor to a Tensor: fsdp swaps the
+//     Sequential's entry for a wrapper; the child module itself stays registered.
+// The wrap policy (strategy.h) picks among these candidates; the root unit holds every parameter
+// not in a unit and is gathered by ShardedModule::forward for the whole forward and backward.
+// Call the ShardedModule, never the inner module's forward directly: its parameters hold no
+// memory while sharded (see summon_full_params() to read them).
+//
+// NOTE [gradient averaging]
+// After backward each rank's gradient shard equals the gradient of the mean loss over the global
+// batch, as if one process had run every rank's micro-batch: gradients are summed by
+// reduce-scatter (shard group) and all-reduce (replicate group), then divided once by the number
+// of data-parallel ranks R*S, in fp32, on the reduced shard (fp16 reductions divide by a power of
+// two before reducing too, to stay in range). Averaging over gradient-accumulation micro-steps is
+// the caller's job, as in PyTorch: scale each micro-step's loss by 1/K.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/ordered_dict.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/strategy.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp {
+
+namespace detail {
+class Engine;
+struct UnitState;
+// Called by UnitImpl::forward around M::forward.
+void unit_pre_forward(UnitState* unit);
+void unit_post_forward(UnitState* unit, const std::vector<at::Tensor>& outputs);
+void root_pre_forward(Engine* engine);
+void root_abort_forward(Engine* engine);
+void root_post_forward(Engine* engine, const std::vector<at::Tensor>& outputs);
+at::Tensor cast_input(Engine* engine, const at::Tensor& t);
+
+// Runs the root's pre-forward; unless finish() is reached, undoes it (M::forward threw).
+class RootForwardScope {
+ public:
+  explicit RootForwardScope(Engine* engine) : engine_(engine) { root_pre_forward(engine_); }
+  ~RootForwardScope() {
+    if (engine_) root_abort_forward(engine_);
+  }
+  RootForwardScope(const RootForwardScope&) = delete;
+  RootForwardScope& operator=(const RootForwardScope&) = delete;
+  void finish(const std::vector<at::Tensor>& outputs) {
+    Engine* e = engine_;
+    engine_ = nullptr;
+    root_post_forward(e, outputs);
+  }
+
+ private:
+  Engine* engine_;
+};
+
+// The tensors a forward returned: a Tensor, a std::vector of them, or tuples/pairs of those
+// (non-tensor arithmetic members are allowed and carry no gradient).
+inline void collect_tensors(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+inline void collect_tensors(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& v) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <class A, class B>
+void collect_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p);
+template <class... T>
+void collect_tensors(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
+  std::apply([&](const auto&... e) { (collect_tensors(out, e), ...); }, t);
+}
+template <class A, class B>
+void collect_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
+  collect_tensors(out, p.first);
+  collect_tensors(out, p.second);
+}
+template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+void collect_tensors(std::vector<at::Tensor>&, const T&) {}
+}  // namespace detail
+
+// Base of every interceptable unit. Holds the link the engine sets while the model is sharded.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  bool fsdp_sharded() const { return fsdp_unit_ != nullptr; }
+
+ protected:
+  template <class R, class F>
+  R fsdp_run(F&& body) {
+    detail::UnitState* u = fsdp_unit_;
+    if (!u) return body();
+    detail::unit_pre_forward(u);
+    R out = body();
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(tensors, out);
+    detail::unit_post_forward(u, tensors);
+    return out;
+  }
+
+ private:
+  friend class detail::Engine;
+  detail::UnitState* fsdp_unit_ = nullptr;
+};
+
+// UnitImpl<M>: M with its forward intercepted. The forward signature is M's, so Sequential and
+// AnyModule accept it.
+template <class M, class Sig = decltype(&M::forward)>
+class UnitImpl;
+
+template <class M, class R, class... Args>
+class UnitImpl<M, R (M::*)(Args...)> : public M, public UnitHooks {
+ public:
+  using M::M;
+  R forward(Args... args) {
+    return fsdp_run<R>([&]() -> R { return M::forward(std::forward<Args>(args)...); });
+  }
+};
+
+template <class M, class R, class... Args>
+class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
+ public:
+  using M::M;
+  R forward(Args... args) {
+    return fsdp_run<R>([&]() -> R { return M::forward(std::forward<Args>(args)...); });
+  }
+};
+
+// fsdp::Unit<BlockImpl> replaces the holder Block (TORCH_MODULE(Block)) in a model.
+template <class M>
+using Unit = torch::nn::ModuleHolder<UnitImpl<M>>;
+
+// One unit as planned: its module path ("" for the root) and parameter count.
+struct UnitInfo {
+  std::string name;
+  int64_t numel = 0;         // parameters P
+  int64_t padded_numel = 0;  // S * ceil(P / S)
+  int64_t shard_numel = 0;   // ceil(P / S): elements this rank stores
+  std::vector<std::string> params;
+};
+
+// Finds the units `policy` makes of `model`, without sharding anything: what the engine and the
+// topology report (report.h) both use. Throws fsdp::Error if a by_type policy selects a module
+// whose forward cannot be intercepted, or a parameter is shared between units.
+std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& policy,
+                                 int64_t shard_size);
+
+// This rank's memory, in bytes.
+struct MemoryStats {
+  int64_t param_shard_bytes = 0;      // fp32 parameter shards (what the optimizer updates)
+  int64_t grad_shard_bytes = 0;       // fp32 gradient shards
+  int64_t optimizer_state_bytes = 0;  // state of the optimizer passed in (Adam: 2 per element)
+  int64_t unsharded_now_bytes = 0;    // gathered parameters and unsharded gradients held now
+  int64_t unsharded_peak_bytes = 0;   // ... and their peak since the last reset_peak()
+  int64_t accumulation_bytes = 0;     // gradients kept between micro-steps (grad_sync modes)
+  int64_t replica_param_bytes = 0;    // one unsharded fp32 replica of the parameters, for scale
+  int64_t sharded_state_bytes() const {
+    return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;
+  }
+};
+
+// Bytes of optimizer state (Adam/AdamW moments, SGD momentum, RMSprop/Adagrad buffers).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+// The engine shared by every ShardedModule<M>; see shard().
+class FullyShardedModule {
+ public:
+  // This rank's parameter shards, one flat fp32 tensor per unit: give these to the optimizer.
+  std::vector<at::Tensor> parameters() const;
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() const;  // "<unit>.flat_param"
+
+  // Inside no_sync(), backward skips the communication the strategy's grad_sync mode allows
+  // (GradSync::kLocal: all of it; kReplicateOnLast: the replicate all-reduce). Leave it for the
+  // last micro-step, whose backward then reduces everything accumulated.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(std::shared_ptr<detail::Engine> engine);
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&&) = default;
+   private:
+    std::shared_ptr<detail::Engine> engine_;
+  };
+  NoSyncGuard no_sync();
+
+  // Scales gradient shards so their global L2 norm is at most `max_norm`; returns the norm
+  // before clipping. Collective on the shard group: call on every rank.
+  double clip_grad_norm(double max_norm);
+
+  // Parameters (and buffers) under the model's names, per the strategy's state_dict_type.
+  // kFull gathers: collective, every rank gets the same dict.
+  torch::OrderedDict<std::string, at::Tensor> state_dict();
+  // Loads a dict from state_dict(): kFull from any mesh, kSharded from the same mesh. No
+  // communication. Throws fsdp::Error naming a missing or mis-shaped entry.
+  void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict);
+
+  // Gathers every unit into the inner module until the guard dies, so its parameters can be
+  // read (collective on entry). Forward inside the guard does not free them.
+  class SummonGuard {
+   public:
+    explicit SummonGuard(std::shared_ptr<detail::Engine> engine);
+    ~SummonGuard();
+    SummonGuard(SummonGuard&&) = default;
+   private:
+    std::shared_ptr<detail::Engine> engine_;
+  };
+  SummonGuard summon_full_params();
+
+  MemoryStats memory_stats(const torch::optim::Optimizer* optimizer = nullptr) const;
+  void reset_peak_memory();
+  // Bytes issued per group kind ("shard", "replicate", "world") since sharding.
+  std::vector<std::pair<std::string, CommCounters>> comm_counters() const;
+
+  const ShardingPlan& plan() const;
+  const std::vector<UnitInfo>& units() const;
+  std::shared_ptr<Runtime> runtime() const;
+  std::shared_ptr<DeviceMesh> mesh() const;
+  c10::ScalarType param_dtype() const;
+
+ protected:
+  FullyShardedModule(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
+                     std::shared_ptr<Runtime> runtime);
+  std::shared_ptr<detail::Engine> engine_;
+};
+
+// A sharded M: call it like M.
+template <class M>
+class ShardedModule : public FullyShardedModule {
+ public:
+  ShardedModule(std::shared_ptr<M> module, const FSDPStrategy& strategy,
+                std::shared_ptr<Runtime> runtime)
+      : FullyShardedModule(module, strategy, std::move(runtime)), module_(std::move(module)) {}
+
+  // Gathers the root unit, runs M::forward (units gather and free themselves), arms backward.
+  // With mixed precision, floating-point tensor arguments are cast to the compute dtype.
+  template <class... Args>
+  auto forward(Args&&... args) {
+    detail::RootForwardScope scope(engine_.get());
+    auto out = module_->forward(cast(std::forward<Args>(args))...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(tensors, out);
+    scope.finish(tensors);
+    return out;
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // The wrapped module (its parameters are views of gathered buffers; see summon_full_params).
+  const std::shared_ptr<M>& module() const { return module_; }
+
+ private:
+  template <class T>
+  decltype(auto) cast(T&& value) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      return detail::cast_input(engine_.get(), value);
+    } else {
+      return std::forward<T>(value);
+    }
+  }
+  std::shared_ptr<M> module_;
+};
+
+// Shards `module` with `strategy`. Creates the Runtime from the environment (launcher, torchrun,
+// SLURM, mpirun) unless one is given. Validates everything on every rank before the first
+// collective; throws fsdp::Error with one line naming the problem and the fix.
+template <class M>
+ShardedModule<M> shard(std::shared_ptr<M> module, const FSDPStrategy& strategy = {},
+                       std::shared_ptr<Runtime> runtime = nullptr) {
+  return ShardedModule<M>(std::move(module), strategy, std::move(runtime));
+}
+template <class M>
+ShardedModule<M> shard(const torch::nn::ModuleHolder<M>& holder, const FSDPStrategy& strategy = {},
+                       std::shared_ptr<Runtime> runtime = nullptr) {
+  return ShardedModule<M>(holder.ptr(), strategy, std::move(runtime));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,895 @@
+// The sharding engine (see engine.h and fsdp/sharded.h).
+#include "engine.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "fsdp/error.h"
+
+namespace fsdp {
+namespace detail {
+
+void MemoryTracker::add(int64_t bytes) {
+  int64_t now = now_ += bytes;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void MemoryTracker::sub(int64_t bytes) { now_ -= bytes; }
+
+namespace {
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Fires after a parameter's AccumulateGrad node ran: its gradient for this backward is complete.
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<Engine> engine, UnitState* unit, ParamSlot* slot)
+      : engine_(std::move(engine)), unit_(unit), slot_(slot) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto e = engine_.lock()) e->on_grad_ready(*unit_, *slot_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<Engine> engine_;
+  UnitState* unit_;
+  ParamSlot* slot_;
+};
+
+// Stands in for a Sequential child so fsdp runs around its forward (NOTE [intercepting forward]).
+class SequentialUnitImpl : public torch::nn::Module {
+ public:
+  SequentialUnitImpl(torch::nn::AnyModule inner, UnitState* unit, std::string path)
+      : torch::nn::Module("fsdp::SequentialUnit"), inner_(std::move(inner)), unit_(unit),
+        path_(std::move(path)) {}
+  at::Tensor forward(at::Tensor x) {
+    unit_pre_forward(unit_);
+    at::Tensor out;
+    try {
+      out = inner_.forward(std::move(x));
+    } catch (const c10::Error& e) {
+      throw Error(detail::cat("Sequential child '", path_, "' is an fsdp unit but its forward is "
+                              "not Tensor -> Tensor (", error_message(e), "); leave it out of the "
+                              "wrap policy or declare it as fsdp::Unit<M>"));
+    }
+    unit_post_forward(unit_, {out});
+    return out;
+  }
+
+ private:
+  torch::nn::AnyModule inner_;
+  UnitState* unit_;
+  std::string path_;
+};
+
+}  // namespace
+
+std::string display(const std::string& unit_name) {
+  return unit_name.empty() ? "(root)" : unit_name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward / backward entry points used by the public templates.
+
+void unit_pre_forward(UnitState* u) { u->engine->pre_forward(*u); }
+void unit_post_forward(UnitState* u, const std::vector<at::Tensor>& outputs) {
+  u->engine->post_forward(*u, outputs);
+}
+void root_pre_forward(Engine* e) { e->root_pre_forward(); }
+void root_abort_forward(Engine* e) { e->root_abort_forward(); }
+void root_post_forward(Engine* e, const std::vector<at::Tensor>& outputs) {
+  e->root_post_forward(outputs);
+}
+at::Tensor cast_input(Engine* e, const at::Tensor& t) { return e->cast_input(t); }
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> root, FSDPStrategy strategy,
+               std::shared_ptr<Runtime> runtime)
+    : root_(std::move(root)), strategy_(std::move(strategy)), runtime_(std::move(runtime)) {}
+
+void Engine::build() {
+  FSDP_CHECK(root_, "fsdp::shard: the module is null");
+  const auto& env = runtime_->env();
+  // 1. Everything that can be wrong is checked before the first collective, identically on
+  //    every rank (plan_sharding and plan_units are pure), and the ranks compare their settings
+  //    through the store so a mismatch is an error instead of a hang.
+  plan_ = plan_sharding(strategy_, runtime_->world_size(), env.local_world_size);
+  R_ = plan_.replicate_size();
+  S_ = plan_.shard_size();
+  const auto& mp = strategy_.mixed_precision();
+  param_dtype_ = mp.param_dtype.value_or(c10::kFloat);
+  reduce_dtype_ = mp.reduce_dtype.value_or(param_dtype_);
+  infos_ = plan_units(*root_, strategy_.auto_wrap_policy(), S_);
+  std::ostringstream signature;
+  for (const auto& p : root_->named_parameters()) signature << p.key() << p.value().sizes() << ";";
+  runtime_->check_agreement(
+      "FSDP configuration",
+      strategy_.describe() + " model=" + std::to_string(std::hash<std::string>{}(signature.str())));
+  if (runtime_->rank() == 0) {
+    for (const auto& w : plan_.warnings) std::cerr << "fsdp: warning: " << w << std::endl;
+  }
+  // 2. Groups.
+  if (auto given = strategy_.device_mesh_object()) {
+    mesh_ = given;
+  } else {
+    mesh_ = std::make_shared<DeviceMesh>(runtime_, plan_.layout);
+  }
+  if (mesh_->ndim() == 1) {
+    shard_group_ = mesh_->group(0);
+    replicate_group_ = make_single_process_group(runtime_->rank(), "replicate");
+    if (plan_.strategy == ShardingStrategy::kNoShard) std::swap(shard_group_, replicate_group_);
+  } else {
+    replicate_group_ = mesh_->group(0);
+    shard_group_ = mesh_->group(1);
+  }
+  TORCH_INTERNAL_ASSERT(shard_group_->size() == S_ && replicate_group_->size() == R_);
+  shard_rank_ = shard_group_->rank();
+  // Sum-then-divide (NOTE [gradient averaging]); fp16 also pre-divides to stay in range.
+  const double dp = static_cast<double>(R_ * S_);
+  if (reduce_dtype_ == c10::kHalf) {
+    while (pre_divide_ * 2 <= std::sqrt(dp)) pre_divide_ *= 2;
+  }
+  post_divide_ = dp / pre_divide_;
+
+  // 3. Units: root first, then the policy's picks in module order.
+  auto modules = root_->named_modules("", /*include_self=*/true);
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> by_path;
+  for (const auto& m : modules) by_path[m.key()] = m.value();
+  std::map<std::string, at::Tensor> params_by_name;
+  for (const auto& p : root_->named_parameters()) params_by_name[p.key()] = p.value();
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    auto u = std::make_unique<UnitState>();
+    u->engine = this;
+    u->index = static_cast<int64_t>(i);
+    u->name = infos_[i].name;
+    u->module = by_path.at(u->name).get();
+    u->hooks = i == 0 ? nullptr : dynamic_cast<UnitHooks*>(u->module);
+    u->numel = infos_[i].numel;
+    u->padded = infos_[i].padded_numel;
+    u->shard_numel = infos_[i].shard_numel;
+    // Tied parameters appear under several names but are one tensor: one slot, many names.
+    std::map<c10::TensorImpl*, size_t> slot_of;
+    int64_t offset = 0;
+    for (const auto& name : infos_[i].params) {
+      const at::Tensor& p = params_by_name.at(name);
+      auto it = slot_of.find(p.unsafeGetTensorImpl());
+      if (it != slot_of.end()) {
+        u->params[it->second].aliases.push_back(name);
+        continue;
+      }
+      ParamSlot slot;
+      slot.name = name;
+      slot.param = p;
+      slot.offset = offset;
+      slot.numel = p.numel();
+      slot.shape = p.sizes().vec();
+      slot.original_dtype = p.scalar_type();
+      FSDP_CHECK(p.scalar_type() == at::kFloat, "parameter '", name, "' has dtype ",
+                 p.scalar_type(), " but fsdp keeps fp32 master shards; build the model in fp32 "
+                 "(model->to(torch::kFloat)) and use mixed_precision for bf16/fp16 compute");
+      offset += slot.numel;
+      slot_of[p.unsafeGetTensorImpl()] = u->params.size();
+      u->params.push_back(std::move(slot));
+    }
+    TORCH_INTERNAL_ASSERT(offset == u->numel, "unit ", u->name, " numel mismatch");
+    int64_t trainable = 0;
+    for (const auto& s : u->params) trainable += s.param.requires_grad() ? 1 : 0;
+    FSDP_CHECK(trainable == 0 || trainable == static_cast<int64_t>(u->params.size()), "unit '",
+               display(u->name), "' mixes parameters with and without requires_grad; fsdp "
+               "flattens a unit into one tensor, so freeze whole units (or wrap the frozen part "
+               "as its own unit)");
+    u->trainable = trainable > 0;
+    u->trainable_params = trainable;
+    units_.push_back(std::move(u));
+  }
+  // 4. Flatten, optionally broadcast rank 0's values, shard.
+  for (auto& u : units_) flatten_and_shard(*u, strategy_.sync_module_states());
+  if (strategy_.sync_module_states() && runtime_->world_size() > 1) {
+    for (auto& b : root_->named_buffers()) {
+      at::Tensor buf = b.value();
+      at::Tensor bytes = buf.contiguous().view({-1}).view(at::kByte).clone();
+      runtime_->world()->broadcast(bytes, 0)->wait();
+      torch::NoGradGuard no_grad;
+      buf.copy_(bytes.view(buf.scalar_type()).view(buf.sizes()));
+    }
+  }
+  // 5. Hooks.
+  for (auto& u : units_) install_hooks(*u);
+}
+
+void Engine::flatten_and_shard(UnitState& u, bool broadcast) {
+  torch::NoGradGuard no_grad;
+  const auto device = runtime_->device();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor flat = at::zeros({u.padded}, f32);
+  for (auto& s : u.params) {
+    flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+  }
+  if (broadcast && runtime_->world_size() > 1 && u.padded > 0) {
+    runtime_->world()->broadcast(flat, 0)->wait();
+  }
+  u.shard = flat.narrow(0, shard_rank_ * u.shard_numel, u.shard_numel).clone();
+  u.shard.set_requires_grad(u.trainable);
+  u.aliased = S_ == 1 && param_dtype_ == c10::kFloat;
+  if (u.aliased) {
+    u.full = u.shard.detach();
+    u.phase = Phase::kUnsharded;
+  } else {
+    u.full = at::empty({u.padded}, f32.dtype(param_dtype_));
+  }
+  // Views first: narrow() checks the storage bounds, so it must run while `full` has memory.
+  for (auto& s : u.params) {
+    s.param.set_data(u.full.detach().narrow(0, s.offset, s.numel).view(s.shape));
+  }
+  if (!u.aliased) {
+    // Not tracked: freed right away; alloc_storage/free_storage account from here on.
+    auto* impl = u.full.storage().unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+    impl->set_nbytes(0);
+    u.phase = Phase::kSharded;
+  }
+}
+
+void Engine::install_hooks(UnitState& u) {
+  std::weak_ptr<Engine> weak = weak_from_this();
+  for (auto& s : u.params) {
+    if (!s.param.requires_grad()) continue;
+    // After set_data: a dtype change resets the accumulator, so take it now and keep it.
+    s.grad_acc = torch::autograd::impl::grad_accumulator(s.param);
+    TORCH_INTERNAL_ASSERT(s.grad_acc, "no grad accumulator for ", s.name);
+    s.grad_acc->add_post_hook(std::make_unique<GradReadyHook>(weak, &u, &s));
+  }
+  if (u.index == 0) return;
+  if (u.hooks) {
+    u.hooks->fsdp_unit_ = &u;
+  } else {
+    wrap_sequential_child(u.name, u);
+  }
+}
+
+void Engine::wrap_sequential_child(const std::string& path, UnitState& u) {
+  auto dot = path.rfind('.');
+  const std::string parent_path = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::shared_ptr<torch::nn::Module> parent;
+  for (const auto& m : root_->named_modules("", true)) {
+    if (m.key() == parent_path) parent = m.value();
+  }
+  auto* seq = parent ? dynamic_cast<torch::nn::SequentialImpl*>(parent.get()) : nullptr;
+  TORCH_INTERNAL_ASSERT(seq, "unit ", path, " is neither a Unit<M> nor a Sequential child");
+  size_t index = 0;
+  for (auto it = seq->begin(); it != seq->end(); ++it, ++index) {
+    if (it->ptr().get() != u.module) continue;
+    swaps_.push_back({seq, index, *it});
+    *it = torch::nn::AnyModule(std::make_shared<SequentialUnitImpl>(*it, &u, path));
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unit ", path, " not found in its Sequential");
+}
+
+Engine::~Engine() {
+  for (auto& s : swaps_) *(s.seq->begin() + s.index) = s.original;
+  for (auto& u : units_) {
+    if (u->hooks) u->hooks->fsdp_unit_ = nullptr;
+    if (u->aliased || !u->full.defined()) continue;
+    // The gathered buffers die with us: leave empty parameters, not dangling views.
+    torch::NoGradGuard no_grad;
+    for (auto& s : u->params) s.param.set_data(at::empty({0}, u->full.options()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storage
+
+void Engine::alloc_storage(at::Tensor& t) {
+  auto* impl = t.storage().unsafeGetStorageImpl();
+  const int64_t want = bytes_of(t);
+  if (static_cast<int64_t>(impl->nbytes()) == want) return;
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(want));
+  impl->set_nbytes(want);
+  tracker_.add(want);
+}
+
+void Engine::free_storage(at::Tensor& t) {
+  auto* impl = t.storage().unsafeGetStorageImpl();
+  const int64_t have = static_cast<int64_t>(impl->nbytes());
+  if (have == 0) return;
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  impl->set_nbytes(0);
+  tracker_.sub(have);
+}
+
+void Engine::unshard(UnitState& u) {
+  if (u.phase != Phase::kSharded || u.padded == 0) return;
+  alloc_storage(u.full);
+  at::Tensor src = u.shard.detach();
+  if (param_dtype_ != c10::kFloat) src = src.to(param_dtype_);
+  if (S_ == 1) {
+    u.full.copy_(src);
+    u.phase = Phase::kUnsharded;
+    return;
+  }
+  u.gather_src = src;
+  u.gather = shard_group_->all_gather(u.full, src);
+  u.phase = Phase::kGathering;
+}
+
+void Engine::wait_unshard(UnitState& u) {
+  if (u.phase != Phase::kGathering) return;
+  u.gather->wait();
+  u.gather.reset();
+  u.gather_src.reset();
+  u.phase = Phase::kUnsharded;
+}
+
+void Engine::reshard(UnitState& u) {
+  if (u.aliased || u.phase == Phase::kSharded || summoned_ > 0) return;
+  wait_unshard(u);
+  free_storage(u.full);
+  u.phase = Phase::kSharded;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+at::Tensor Engine::cast_input(const at::Tensor& t) const {
+  if (param_dtype_ == c10::kFloat || !t.defined() || !t.is_floating_point() ||
+      t.scalar_type() == param_dtype_) {
+    return t;
+  }
+  return t.to(param_dtype_);
+}
+
+UnitState* Engine::unit_after_in_forward(int64_t position) const {
+  if (position < 0 || position >= static_cast<int64_t>(prev_order_.size())) return nullptr;
+  return units_[prev_order_[position]].get();
+}
+
+UnitState* Engine::unit_before_in_forward(const UnitState& u) const {
+  if (u.index == 0) return prev_order_.empty() ? nullptr : units_[prev_order_.back()].get();
+  for (size_t i = 1; i < prev_order_.size(); ++i) {
+    if (prev_order_[i] == u.index) return units_[prev_order_[i - 1]].get();
+  }
+  return nullptr;
+}
+
+void Engine::root_abort_forward() {
+  // M::forward threw: free whatever it gathered so the next forward starts clean.
+  in_forward_ = false;
+  for (auto& u : units_) reshard(*u);
+}
+
+void Engine::root_pre_forward() {
+  FSDP_CHECK(!in_forward_, "ShardedModule::forward re-entered: a unit's forward called the "
+             "sharded model again");
+  if (!callback_queued_) {
+    // A previous forward that had no backward can leave units gathered with values from before
+    // the optimizer step: start from shards.
+    for (auto& u : units_) {
+      reshard(*u);
+      u->pre_backward_done = u->post_backward_done = false;
+    }
+  }
+  order_.clear();
+  in_forward_ = true;
+  UnitState& root = *units_[0];
+  unshard(root);
+  if (strategy_.forward_prefetch()) {
+    if (UnitState* next = unit_after_in_forward(0)) unshard(*next);
+  }
+  wait_unshard(root);
+}
+
+void Engine::root_post_forward(const std::vector<at::Tensor>& outputs) {
+  in_forward_ = false;
+  prev_order_ = order_;
+  bool armed = false;
+  if (torch::GradMode::is_enabled()) {
+    std::weak_ptr<Engine> weak = weak_from_this();
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([weak](const at::Tensor&) {
+        if (auto e = weak.lock()) e->pre_backward(*e->units_[0]);
+      });
+      armed = true;
+    }
+  }
+  if (!armed) {
+    for (auto& u : units_) reshard(*u);  // no backward will come
+  }
+}
+
+void Engine::pre_forward(UnitState& u) {
+  FSDP_CHECK(in_forward_, "fsdp unit '", display(u.name), "' ran outside the sharded model's "
+             "forward; call the ShardedModule returned by fsdp::shard, not the inner module");
+  order_.push_back(u.index);
+  unshard(u);
+  if (strategy_.forward_prefetch()) {
+    // Issue the next unit's all-gather before waiting for ours: both overlap this compute.
+    if (UnitState* next = unit_after_in_forward(static_cast<int64_t>(order_.size()))) {
+      if (next != &u) unshard(*next);
+    }
+  }
+  wait_unshard(u);
+}
+
+void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) {
+  const bool grad = torch::GradMode::is_enabled();
+  bool armed = false;
+  if (grad) {
+    std::weak_ptr<Engine> weak = weak_from_this();
+    UnitState* unit = &u;
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([weak, unit](const at::Tensor&) {
+        if (auto e = weak.lock()) e->pre_backward(*unit);
+      });
+      armed = true;
+    }
+    FSDP_CHECK(armed || !u.trainable, "fsdp unit '", display(u.name), "' returned no tensor that "
+               "requires grad, so fsdp cannot gather its parameters again before its backward; "
+               "return the unit's output tensors from its forward");
+  }
+  if (plan_.reshard_after_forward || !grad) reshard(u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+void Engine::pre_backward(UnitState& u) {
+  if (!callback_queued_) {
+    std::weak_ptr<Engine> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto e = weak.lock()) e->finalize_backward();
+    });
+    callback_queued_ = true;
+  }
+  if (u.pre_backward_done) return;
+  u.pre_backward_done = true;
+  release_finished_inputs();
+  unshard(u);
+  if (strategy_.backward_prefetch()) {
+    UnitState* next = unit_before_in_forward(u);
+    if (next && !next->pre_backward_done) unshard(*next);
+  }
+  wait_unshard(u);
+  prepare_grads(u);
+}
+
+void Engine::prepare_grads(UnitState& u) {
+  if (!u.trainable || u.padded == 0) return;
+  if (!u.flat_grad.defined()) {
+    u.flat_grad = at::zeros({u.padded}, u.full.options());
+    tracker_.add(bytes_of(u.flat_grad));
+  }
+  u.grads_pending = static_cast<int64_t>(u.params.size());
+  for (auto& s : u.params) {
+    s.param.mutable_grad() = u.flat_grad.narrow(0, s.offset, s.numel).view(s.shape);
+  }
+}
+
+void Engine::on_grad_ready(UnitState& u, ParamSlot& slot) {
+  if (u.post_backward_done) return;
+  at::Tensor g = slot.param.grad();
+  if (!u.pre_backward_done) {
+    // The gradient arrived without passing the unit's outputs (its parameters were used
+    // outside its forward). Take it anyway so nothing is lost.
+    u.pre_backward_done = true;
+    prepare_grads(u);
+  }
+  at::Tensor view = u.flat_grad.narrow(0, slot.offset, slot.numel).view(slot.shape);
+  if (g.defined() && !g.is_same(view) && !(g.data_ptr() == view.data_ptr())) {
+    view.add_(g);
+    slot.param.mutable_grad() = view;
+  }
+  if (--u.grads_pending == 0) post_backward(u);
+}
+
+void Engine::post_backward(UnitState& u) {
+  u.post_backward_done = true;
+  for (auto& s : u.params) s.param.mutable_grad().reset();
+  reshard(u);
+  if (u.trainable && u.flat_grad.defined()) reduce_grad(u);
+  release_finished_inputs();
+}
+
+void Engine::reduce_grad(UnitState& u) {
+  const auto mode = strategy_.grad_sync();
+  if (!sync_ && mode == GradSync::kLocal) return;  // keep accumulating in flat_grad
+  PendingReduce p;
+  at::Tensor g = std::move(u.flat_grad);
+  u.flat_grad = at::Tensor();
+  const int64_t g_bytes = bytes_of(g);
+  if (g.scalar_type() != reduce_dtype_) {
+    g = g.to(reduce_dtype_);
+    tracker_.add(bytes_of(g) - g_bytes);  // the cast replaces the original, freed below
+  }
+  if (pre_divide_ != 1.0) g.div_(pre_divide_);
+  if (S_ > 1) {
+    p.output = at::empty({u.shard_numel}, g.options());
+    p.rs = shard_group_->reduce_scatter(p.output, g);
+    p.input = g;
+    p.input_bytes = bytes_of(g);
+  } else {
+    p.output = g;  // the gradient is its own shard; count it as such from here
+    tracker_.sub(bytes_of(g));
+  }
+  const bool deferred = R_ > 1 && !sync_ && mode == GradSync::kReplicateOnLast;
+  p.replicate_deferred = deferred;
+  if (R_ > 1 && !deferred) {
+    if (u.partial.defined()) {
+      // Last micro-step of replicate_on_last: fold the earlier reduce-scatter sums in first.
+      if (p.rs) p.rs->wait();
+      p.output.add_(u.partial);
+      u.partial = at::Tensor();
+    }
+    p.ar = replicate_group_->all_reduce(p.output, p.rs);
+  }
+  u.pending = std::move(p);
+}
+
+void Engine::release_finished_inputs() {
+  for (auto& u : units_) {
+    if (!u->pending || !u->pending->input.defined()) continue;
+    if (u->pending->rs && !u->pending->rs->completed()) continue;
+    u->pending->input = at::Tensor();
+    tracker_.sub(u->pending->input_bytes);
+  }
+}
+
+void Engine::complete_reduce(UnitState& u) {
+  PendingReduce& p = *u.pending;
+  if (p.rs) p.rs->wait();
+  if (p.ar) p.ar->wait();
+  if (p.input.defined()) {
+    p.input = at::Tensor();
+    tracker_.sub(p.input_bytes);
+  }
+  if (p.replicate_deferred) {
+    u.partial = u.partial.defined() ? u.partial.add_(p.output) : p.output;
+  } else {
+    at::Tensor g = p.output.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    g.div_(post_divide_);
+    if (u.shard.grad().defined()) {
+      u.shard.mutable_grad().add_(g);
+    } else {
+      u.shard.mutable_grad() = g;
+    }
+  }
+  u.pending.reset();
+}
+
+void Engine::finalize_backward() {
+  callback_queued_ = false;
+  // Units whose backward began but whose gradients did not all arrive (unused parameters):
+  // reduce what they have, in unit order, which every rank shares.
+  for (auto& u : units_) {
+    if (u->pre_backward_done && !u->post_backward_done) post_backward(*u);
+  }
+  for (auto& u : units_) {
+    if (u->pending) complete_reduce(*u);
+  }
+  for (auto& u : units_) {
+    reshard(*u);
+    u->pre_backward_done = u->post_backward_done = false;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer-facing API
+
+std::vector<at::Tensor> Engine::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& u : units_) {
+    if (u->padded > 0) out.push_back(u->shard);
+  }
+  return out;
+}
+
+torch::OrderedDict<std::string, at::Tensor> Engine::named_parameters() const {
+  torch::OrderedDict<std::string, at::Tensor> out;
+  for (const auto& u : units_) {
+    if (u->padded > 0) out.insert(u->name.empty() ? "flat_param" : u->name + ".flat_param", u->shard);
+  }
+  return out;
+}
+
+double Engine::clip_grad_norm(double max_norm) {
+  FSDP_CHECK(max_norm > 0, "clip_grad_norm: max_norm ", max_norm, " must be positive");
+  at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
+  for (const auto& u : units_) {
+    if (u->shard.grad().defined()) sumsq += u->shard.grad().to(at::kDouble).pow(2).sum();
+  }
+  // Replicas hold identical shards after the replicate all-reduce: sum over the shard group only.
+  if (S_ > 1) shard_group_->all_reduce(sumsq)->wait();
+  const double total = std::sqrt(sumsq.item<double>());
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& u : units_) {
+      if (u->shard.grad().defined()) u->shard.mutable_grad().mul_(coef);
+    }
+  }
+  return total;
+}
+
+torch::OrderedDict<std::string, at::Tensor> Engine::state_dict() {
+  torch::NoGradGuard no_grad;
+  torch::OrderedDict<std::string, at::Tensor> out;
+  if (strategy_.state_dict_type() == StateDictType::kSharded) {
+    for (const auto& kv : named_parameters()) out.insert(kv.key(), kv.value().detach().clone());
+    return out;
+  }
+  std::map<std::string, at::Tensor> values;
+  for (auto& u : units_) {
+    if (u->padded == 0) continue;
+    at::Tensor full = at::empty({u->padded}, u->shard.options().requires_grad(false));
+    shard_group_->all_gather(full, u->shard.detach())->wait();
+    for (const auto& s : u->params) {
+      at::Tensor v = full.narrow(0, s.offset, s.numel).view(s.shape).to(s.original_dtype).clone();
+      values[s.name] = v;
+      for (const auto& a : s.aliases) values[a] = v;
+    }
+  }
+  for (const auto& p : root_->named_parameters()) out.insert(p.key(), values.at(p.key()));
+  for (const auto& b : root_->named_buffers()) out.insert(b.key(), b.value().detach().clone());
+  return out;
+}
+
+void Engine::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  torch::NoGradGuard no_grad;
+  if (strategy_.state_dict_type() == StateDictType::kSharded) {
+    for (const auto& kv : named_parameters()) {
+      const at::Tensor* v = dict.find(kv.key());
+      FSDP_CHECK(v, "sharded state dict has no entry '", kv.key(), "'; it was saved from a "
+                 "different model or wrap policy");
+      FSDP_CHECK(v->numel() == kv.value().numel(), "sharded state dict entry '", kv.key(),
+                 "' has ", v->numel(), " elements but this rank's shard has ", kv.value().numel(),
+                 "; sharded checkpoints load only on the same mesh (use a full state dict)");
+      kv.value().copy_(*v);
+    }
+    return;
+  }
+  for (auto& u : units_) {
+    if (u->padded == 0) continue;
+    const int64_t begin = shard_rank_ * u->shard_numel, end = begin + u->shard_numel;
+    at::Tensor shard = u->shard.detach();
+    shard.zero_();
+    for (const auto& s : u->params) {
+      const at::Tensor* v = dict.find(s.name);
+      FSDP_CHECK(v, "state dict has no entry '", s.name, "'");
+      FSDP_CHECK(v->sizes().vec() == s.shape, "state dict entry '", s.name, "' has shape ",
+                 v->sizes(), " but the model's parameter has ", c10::IntArrayRef(s.shape));
+      // The part of [s.offset, s.offset + numel) inside this rank's [begin, end).
+      const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+      if (lo >= hi) continue;
+      shard.narrow(0, lo - begin, hi - lo)
+          .copy_(v->reshape({-1}).narrow(0, lo - s.offset, hi - lo).to(shard.options()));
+    }
+    if (u->aliased) continue;
+    reshard(*u);  // gathered copies are stale now
+  }
+  for (auto& b : root_->named_buffers()) {
+    if (const at::Tensor* v = dict.find(b.key())) b.value().copy_(*v);
+  }
+}
+
+void Engine::summon(bool on) {
+  if (on) {
+    for (auto& u : units_) unshard(*u);
+    for (auto& u : units_) wait_unshard(*u);
+    ++summoned_;
+    return;
+  }
+  if (--summoned_ == 0 && !callback_queued_ && !in_forward_) {
+    for (auto& u : units_) reshard(*u);
+  }
+}
+
+MemoryStats Engine::memory_stats(const torch::optim::Optimizer* optimizer) const {
+  MemoryStats m;
+  for (const auto& u : units_) {
+    m.param_shard_bytes += bytes_of(u->shard);
+    if (u->shard.grad().defined()) m.grad_shard_bytes += bytes_of(u->shard.grad());
+    if (u->flat_grad.defined() && !callback_queued_) m.accumulation_bytes += bytes_of(u->flat_grad);
+    if (u->partial.defined()) m.accumulation_bytes += bytes_of(u->partial);
+    m.replica_param_bytes += u->numel * 4;
+  }
+  if (optimizer) m.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
+  m.unsharded_now_bytes = tracker_.now();
+  m.unsharded_peak_bytes = tracker_.peak();
+  return m;
+}
+
+std::vector<std::pair<std::string, CommCounters>> Engine::comm_counters() const {
+  std::vector<std::pair<std::string, CommCounters>> out;
+  out.emplace_back("shard", shard_group_->counters());
+  out.emplace_back("replicate", replicate_group_->counters());
+  out.emplace_back("world", runtime_->world()->counters());
+  return out;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Public API
+
+std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& policy,
+                                 int64_t shard_size) {
+  FSDP_CHECK(shard_size >= 1, "shard size ", shard_size, " is invalid");
+  auto modules = model.named_modules("", /*include_self=*/true);
+  // Candidates: fsdp::Unit<M> members, and (for policies other than units()) Sequential children.
+  std::map<std::string, bool> candidate;
+  for (const auto& m : modules) {
+    if (m.key().empty()) continue;
+    if (dynamic_cast<const UnitHooks*>(m.value().get())) candidate[m.key()] = true;
+  }
+  if (policy.wraps_sequential_children()) {
+    for (const auto& m : modules) {
+      if (!dynamic_cast<const torch::nn::SequentialImpl*>(m.value().get())) continue;
+      for (const auto& c : m.value()->named_children()) {
+        candidate[m.key().empty() ? c.key() : m.key() + "." + c.key()] = true;
+      }
+    }
+  }
+  std::vector<std::string> selected;
+  for (const auto& m : modules) {
+    if (m.key().empty()) continue;
+    int64_t numel = 0;
+    for (const auto& p : m.value()->parameters()) numel += p.numel();
+    const bool is_candidate = candidate.count(m.key()) > 0;
+    if (!is_candidate) {
+      FSDP_CHECK(!(policy.strict_types() && policy.selects(*m.value(), numel)),
+                 "wrap policy ", policy.name(), " selects '", m.key(), "' (", m.value()->name(),
+                 ") but fsdp cannot intercept its forward (C++ modules have no forward hooks); "
+                 "declare it as fsdp::Unit<", m.value()->name(), "> in the model, or put it in a "
+                 "torch::nn::Sequential");
+      continue;
+    }
+    if (numel > 0 && policy.selects(*m.value(), numel)) selected.push_back(m.key());
+  }
+  // Each parameter belongs to the innermost selected unit containing it, else to the root.
+  std::vector<UnitInfo> units(selected.size() + 1);
+  units[0].name = "";
+  for (size_t i = 0; i < selected.size(); ++i) units[i + 1].name = selected[i];
+  std::map<c10::TensorImpl*, size_t> owner;
+  for (const auto& p : model.named_parameters()) {
+    size_t best = 0, best_len = 0;
+    for (size_t i = 1; i < units.size(); ++i) {
+      const std::string& n = units[i].name;
+      if (p.key().size() > n.size() && p.key().compare(0, n.size(), n) == 0 &&
+          p.key()[n.size()] == '.' && n.size() >= best_len) {
+        best = i;
+        best_len = n.size();
+      }
+    }
+    auto* impl = p.value().unsafeGetTensorImpl();
+    auto it = owner.find(impl);
+    if (it != owner.end() && it->second != best) {
+      throw Error(detail::cat("parameter '", p.key(), "' is shared between units '",
+                              detail::display(units[it->second].name), "' and '",
+                              detail::display(units[best].name), "'; a shared (tied) parameter must "
+                              "live in one unit: leave one of them out of the wrap policy"));
+    }
+    if (it == owner.end()) {
+      owner[impl] = best;
+      units[best].numel += p.value().numel();
+    }
+    units[best].params.push_back(p.key());
+  }
+  for (auto& u : units) {
+    u.shard_numel = (u.numel + shard_size - 1) / shard_size;
+    u.padded_numel = u.shard_numel * shard_size;
+  }
+  // Units left without parameters (all in nested units) are dropped, except the root.
+  std::vector<UnitInfo> out;
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (i == 0 || units[i].numel > 0) out.push_back(std::move(units[i]));
+  }
+  return out;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t total = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) total += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& kv : optimizer.state()) {
+    const auto* state = kv.second.get();
+    if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      add(s->exp_avg()); add(s->exp_avg_sq()); add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      add(s->exp_avg()); add(s->exp_avg_sq()); add(s->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      add(s->momentum_buffer());
+    } else if (auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(state)) {
+      add(s->square_avg()); add(s->momentum_buffer()); add(s->grad_avg());
+    } else if (auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(state)) {
+      add(s->sum());
+    }
+  }
+  return total;
+}
+
+FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> module,
+                                       const FSDPStrategy& strategy,
+                                       std::shared_ptr<Runtime> runtime) {
+  if (!runtime) {
+    RuntimeOptions opts;
+    opts.backend = strategy.backend();
+    opts.timeout = strategy.timeout();
+    runtime = Runtime::init(opts);
+  } else {
+    FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
+               "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
+               to_string(runtime->backend()), "; set one of them");
+  }
+  engine_ = std::make_shared<detail::Engine>(std::move(module), strategy, std::move(runtime));
+  engine_->build();
+}
+
+std::vector<at::Tensor> FullyShardedModule::parameters() const { return engine_->parameters(); }
+torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::named_parameters() const {
+  return engine_->named_parameters();
+}
+
+FullyShardedModule::NoSyncGuard::NoSyncGuard(std::shared_ptr<detail::Engine> engine)
+    : engine_(std::move(engine)) {
+  engine_->set_sync(false);
+}
+FullyShardedModule::NoSyncGuard::~NoSyncGuard() {
+  if (engine_) engine_->set_sync(true);
+}
+FullyShardedModule::NoSyncGuard FullyShardedModule::no_sync() { return NoSyncGuard(engine_); }
+
+double FullyShardedModule::clip_grad_norm(double max_norm) {
+  return engine_->clip_grad_norm(max_norm);
+}
+torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::state_dict() {
+  return engine_->state_dict();
+}
+void FullyShardedModule::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& d) {
+  engine_->load_state_dict(d);
+}
+
+FullyShardedModule::SummonGuard::SummonGuard(std::shared_ptr<detail::Engine> engine)
+    : engine_(std::move(engine)) {
+  engine_->summon(true);
+}
+FullyShardedModule::SummonGuard::~SummonGuard() {
+  if (engine_) engine_->summon(false);
+}
+FullyShardedModule::SummonGuard FullyShardedModule::summon_full_params() {
+  return SummonGuard(engine_);
+}
+
+MemoryStats FullyShardedModule::memory_stats(const torch::optim::Optimizer* optimizer) const {
+  return engine_->memory_stats(optimizer);
+}
+void FullyShardedModule::reset_peak_memory() { engine_->reset_peak_memory(); }
+std::vector<std::pair<std::string, CommCounters>> FullyShardedModule::comm_counters() const {
+  return engine_->comm_counters();
+}
+const ShardingPlan& FullyShardedModule::plan() const { return engine_->plan(); }
+const std::vector<UnitInfo>& FullyShardedModule::units() const { return engine_->units(); }
+std::shared_ptr<Runtime> FullyShardedModule::runtime() const { return engine_->runtime(); }
+std::shared_ptr<DeviceMesh> FullyShardedModule::mesh() const { return engine_->mesh(); }
+c10::ScalarType FullyShardedModule::param_dtype() const { return engine_->param_dtype(); }
+
+}  // namespace fsdp

@@ -1,0 +1,171 @@
+// engine.h (internal): the sharding engine behind fsdp::ShardedModule. See fsdp/sharded.h for
+// the contract and NOTE [intercepting forward] / [gradient averaging].
+//
+// Per unit, per step (S = shard group size, R = replicate group size):
+//   forward:  all-gather the fp32 (or cast) shard into `full` -> module parameters are views of
+//             it -> run -> free `full`'s storage (FULL_SHARD / HYBRID_SHARD; the root stays)
+//   backward: output hook: gather again, point parameter grads at views of `flat_grad`
+//             AccumulateGrad post-hooks: when the unit's last gradient landed, free `full`,
+//             reduce-scatter `flat_grad` (shard group) -> all-reduce the shard (replicate group)
+//   end of backward (autograd final callback): wait for the reductions, divide by R*S, add to
+//             the shard's .grad, free everything still gathered.
+// Units run their collectives asynchronously; the next unit's all-gather is issued while the
+// current one computes (prefetch), so at most two non-root units are gathered at once.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/sharded.h"
+
+namespace fsdp::detail {
+
+// Bytes of unsharded buffers (gathered parameters, unsharded gradients) alive now, and the peak.
+class MemoryTracker {
+ public:
+  void add(int64_t bytes);
+  void sub(int64_t bytes);
+  int64_t now() const { return now_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = now_.load(); }
+
+ private:
+  std::atomic<int64_t> now_{0}, peak_{0};
+};
+
+// "(root)" for the root unit's empty path.
+std::string display(const std::string& unit_name);
+
+struct ParamSlot {
+  std::string name;                 // first name in the model
+  std::vector<std::string> aliases; // further names of the same tensor (tied weights)
+  at::Tensor param;                 // the module's parameter; its data is a view of `full`
+  int64_t offset = 0;
+  int64_t numel = 0;
+  std::vector<int64_t> shape;
+  c10::ScalarType original_dtype = c10::kFloat;
+  std::shared_ptr<torch::autograd::Node> grad_acc;  // kept alive: it carries our post-hook
+};
+
+enum class Phase { kSharded, kGathering, kUnsharded };
+
+struct PendingReduce {
+  WorkHandle rs, ar;
+  at::Tensor input;             // unsharded gradient under reduce-scatter; dropped once done
+  int64_t input_bytes = 0;
+  at::Tensor output;            // the reduced shard (reduce dtype)
+  bool replicate_deferred = false;  // replicate_on_last inside no_sync: accumulate, no all-reduce
+};
+
+struct UnitState {
+  Engine* engine = nullptr;
+  int64_t index = 0;            // 0 is the root
+  std::string name;             // module path, "" for the root
+  torch::nn::Module* module = nullptr;
+  UnitHooks* hooks = nullptr;   // fsdp::Unit<M> units
+  std::vector<ParamSlot> params;
+  int64_t numel = 0, padded = 0, shard_numel = 0;
+  bool trainable = true;
+  int64_t trainable_params = 0;
+  at::Tensor shard;             // fp32 [n]: the optimizer's parameter
+  at::Tensor full;              // param dtype [S*n]; storage freed while sharded
+  bool aliased = false;         // S == 1 in fp32: `full` is `shard`, nothing to gather or free
+  Phase phase = Phase::kSharded;
+  WorkHandle gather;
+  at::Tensor gather_src;        // the cast shard under all-gather (mixed precision)
+  at::Tensor flat_grad;         // param dtype [S*n], from pre-backward to reduction
+  at::Tensor partial;           // reduce dtype [n], replicate_on_last between micro-steps
+  int64_t grads_pending = 0;
+  bool pre_backward_done = false;
+  bool post_backward_done = false;
+  std::optional<PendingReduce> pending;
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> root, FSDPStrategy strategy,
+         std::shared_ptr<Runtime> runtime);
+  ~Engine();
+  // Validates, creates the mesh, flattens and shards, installs hooks. Needs shared_from_this.
+  void build();
+
+  void root_pre_forward();
+  void root_abort_forward();
+  void root_post_forward(const std::vector<at::Tensor>& outputs);
+  void pre_forward(UnitState& u);
+  void post_forward(UnitState& u, const std::vector<at::Tensor>& outputs);
+  void pre_backward(UnitState& u);
+  void on_grad_ready(UnitState& u, ParamSlot& slot);
+  void finalize_backward();
+  at::Tensor cast_input(const at::Tensor& t) const;
+
+  std::vector<at::Tensor> parameters() const;
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() const;
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  double clip_grad_norm(double max_norm);
+  torch::OrderedDict<std::string, at::Tensor> state_dict();
+  void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict);
+  void summon(bool on);
+  MemoryStats memory_stats(const torch::optim::Optimizer* optimizer) const;
+  void reset_peak_memory() { tracker_.reset_peak(); }
+  std::vector<std::pair<std::string, CommCounters>> comm_counters() const;
+
+  const ShardingPlan& plan() const { return plan_; }
+  const std::vector<UnitInfo>& units() const { return infos_; }
+  const std::shared_ptr<Runtime>& runtime() const { return runtime_; }
+  const std::shared_ptr<DeviceMesh>& mesh() const { return mesh_; }
+  c10::ScalarType param_dtype() const { return param_dtype_; }
+  // For tests: the unit states (root first).
+  const std::vector<std::unique_ptr<UnitState>>& unit_states() const { return units_; }
+
+ private:
+  void flatten_and_shard(UnitState& u, bool broadcast);
+  void install_hooks(UnitState& u);
+  void wrap_sequential_child(const std::string& path, UnitState& u);
+  void unshard(UnitState& u);
+  void wait_unshard(UnitState& u);
+  void reshard(UnitState& u);
+  void prepare_grads(UnitState& u);
+  void post_backward(UnitState& u);
+  void reduce_grad(UnitState& u);
+  void complete_reduce(UnitState& u);
+  void release_finished_inputs();
+  UnitState* unit_after_in_forward(int64_t position) const;
+  UnitState* unit_before_in_forward(const UnitState& u) const;
+  void alloc_storage(at::Tensor& t);
+  void free_storage(at::Tensor& t);
+
+  std::shared_ptr<torch::nn::Module> root_;
+  FSDPStrategy strategy_;
+  std::shared_ptr<Runtime> runtime_;
+  ShardingPlan plan_;
+  std::shared_ptr<DeviceMesh> mesh_;
+  std::shared_ptr<Group> shard_group_, replicate_group_;
+  int64_t S_ = 1, R_ = 1, shard_rank_ = 0;
+  c10::ScalarType param_dtype_ = c10::kFloat, reduce_dtype_ = c10::kFloat;
+  double pre_divide_ = 1.0, post_divide_ = 1.0;
+  std::vector<std::unique_ptr<UnitState>> units_;
+  std::vector<UnitInfo> infos_;
+  std::vector<int64_t> order_;       // units (not the root) in this forward's order
+  std::vector<int64_t> prev_order_;  // the last completed forward's order
+  bool in_forward_ = false;
+  bool callback_queued_ = false;
+  bool sync_ = true;
+  int summoned_ = 0;
+  MemoryTracker tracker_;
+  struct SequentialSwap {
+    torch::nn::SequentialImpl* seq;
+    size_t index;
+    torch::nn::AnyModule original;
+  };
+  std::vector<SequentialSwap> swaps_;
+};
+
+}  // namespace fsdp::detail
