@@ -116,19 +116,15 @@ class C10dGroup final : public Group {
  protected:
   WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
     return submit("all_gather", [this, output, input]() mutable {
-      if (flat_) {
-        backend_->_allgather_base(output, input)->wait();
-        return;
-      }
-      std::vector<std::vector<at::Tensor>> outputs{output.view({-1}).chunk(size())};
-      std::vector<at::Tensor> inputs{input.view({-1})};
-      backend_->allgather(outputs, inputs)->wait();
+      gather_into(transport(output), transport(input));
     });
   }
 
   WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
     return submit("reduce_scatter", [this, output, input]() mutable {
-      switch (algorithm_) {
+      // A dtype the backend cannot sum (bf16 on Gloo) takes the ring, whose sums are local.
+      const auto algorithm = native(input) ? algorithm_ : ReduceScatterAlgorithm::kRing;
+      switch (algorithm) {
         case ReduceScatterAlgorithm::kNative: {
           c10d::ReduceScatterOptions opts;
           opts.reduceOp = c10d::ReduceOp::SUM;
@@ -153,14 +149,26 @@ class C10dGroup final : public Group {
   WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) override {
     return submit("all_reduce", [this, tensor, after]() mutable {
       if (after) after->wait();
-      std::vector<at::Tensor> ts{tensor};
-      backend_->allreduce(ts)->wait();
+      if (native(tensor)) {
+        std::vector<at::Tensor> ts{tensor};
+        backend_->allreduce(ts)->wait();
+        return;
+      }
+      // Ring reduce-scatter then all-gather: the bandwidth-optimal all-reduce, with the sums done
+      // locally in the tensor's own dtype and only bytes on the wire.
+      const int64_t S = size(), n = tensor.numel(), chunk = (n + S - 1) / S;
+      at::Tensor padded = at::zeros({chunk * S}, tensor.options());
+      padded.narrow(0, 0, n).copy_(tensor.view({-1}));
+      at::Tensor mine = at::empty({chunk}, tensor.options());
+      ring_reduce_scatter(mine, padded);
+      gather_into(transport(padded), transport(mine));
+      tensor.view({-1}).copy_(padded.narrow(0, 0, n));
     });
   }
 
   WorkHandle run_broadcast(at::Tensor tensor, int64_t root) override {
     return submit("broadcast", [this, tensor, root]() mutable {
-      std::vector<at::Tensor> ts{tensor};
+      std::vector<at::Tensor> ts{transport(tensor)};
       c10d::BroadcastOptions opts;
       opts.rootRank = static_cast<int>(root);
       backend_->broadcast(ts, opts)->wait();
@@ -172,6 +180,27 @@ class C10dGroup final : public Group {
   }
 
  private:
+  // Whether the backend handles this dtype itself. Gloo (1.13 and 2.x) rejects bf16
+  // ("Invalid scalar type"); NCCL takes everything we use.
+  bool native(const at::Tensor& t) const {
+    return t.scalar_type() != at::kBFloat16 || backend_->getBackendName() != "gloo";
+  }
+  // The tensor as the backend can move it: its bytes under a same-sized dtype the backend knows
+  // (Gloo has no int16, so bf16 travels as fp16 bit patterns). Only for collectives that move
+  // data without arithmetic, so no value is ever interpreted in the stand-in dtype.
+  at::Tensor transport(const at::Tensor& t) const {
+    return native(t) ? t : t.view(at::kHalf);
+  }
+  void gather_into(at::Tensor output, at::Tensor input) {
+    if (flat_) {
+      backend_->_allgather_base(output, input)->wait();
+      return;
+    }
+    std::vector<std::vector<at::Tensor>> outputs{output.view({-1}).chunk(size())};
+    std::vector<at::Tensor> inputs{input.view({-1})};
+    backend_->allgather(outputs, inputs)->wait();
+  }
+
   WorkHandle submit(const char* op, std::function<void()> fn) {
     return worker_.submit([this, op, fn = std::move(fn)] {
       try {
@@ -200,7 +229,7 @@ class C10dGroup final : public Group {
     at::Tensor send_buf = chunks[(r + S - 1) % S].clone();
     at::Tensor recv_buf = at::empty_like(send_buf);
     for (int64_t t = 0; t < S - 1; ++t) {
-      std::vector<at::Tensor> s{send_buf}, q{recv_buf};
+      std::vector<at::Tensor> s{transport(send_buf)}, q{transport(recv_buf)};
       auto sw = backend_->send(s, next, static_cast<int>(t));
       auto rw = backend_->recv(q, prev, static_cast<int>(t));
       rw->wait();

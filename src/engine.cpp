@@ -733,24 +733,24 @@ std::vector<std::pair<std::string, CommCounters>> Engine::comm_counters() const 
 std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& policy,
                                  int64_t shard_size) {
   FSDP_CHECK(shard_size >= 1, "shard size ", shard_size, " is invalid");
-  auto modules = model.named_modules("", /*include_self=*/true);
+  // Not named_modules(include_self): that needs the root in a shared_ptr.
+  auto modules = model.named_modules("", /*include_self=*/false);
   // Candidates: fsdp::Unit<M> members, and (for policies other than units()) Sequential children.
   std::map<std::string, bool> candidate;
   for (const auto& m : modules) {
-    if (m.key().empty()) continue;
     if (dynamic_cast<const UnitHooks*>(m.value().get())) candidate[m.key()] = true;
   }
   if (policy.wraps_sequential_children()) {
+    if (dynamic_cast<const torch::nn::SequentialImpl*>(&model)) {
+      for (const auto& c : model.named_children()) candidate[c.key()] = true;
+    }
     for (const auto& m : modules) {
       if (!dynamic_cast<const torch::nn::SequentialImpl*>(m.value().get())) continue;
-      for (const auto& c : m.value()->named_children()) {
-        candidate[m.key().empty() ? c.key() : m.key() + "." + c.key()] = true;
-      }
+      for (const auto& c : m.value()->named_children()) candidate[m.key() + "." + c.key()] = true;
     }
   }
   std::vector<std::string> selected;
   for (const auto& m : modules) {
-    if (m.key().empty()) continue;
     int64_t numel = 0;
     for (const auto& p : m.value()->parameters()) numel += p.numel();
     const bool is_candidate = candidate.count(m.key()) > 0;

@@ -92,6 +92,44 @@ TEST(Collectives, NativeReduceScatterWhereTheBackendHasIt) {
   }
 }
 
+TEST(Collectives, Bf16OnEveryWorldSize) {
+  // Gloo cannot sum bf16: reductions take the ring (local sums), gathers move the bytes as fp16
+  // bit patterns. Small integers keep every sum exact in bf16.
+  for (int64_t W : {1, 2, 3, 4}) {
+    run_ranks(W, [&](Runtime& rt) {
+      auto& g = *rt.world();
+      const int64_t r = g.rank();
+      auto val = [](int64_t q, int64_t n) {
+        return (at::arange(n, at::kFloat).remainder(7) + q).to(at::kBFloat16);
+      };
+      for (int64_t n : {1, 5, 33}) {
+        at::Tensor out = at::empty({W * n}, at::kBFloat16);
+        g.all_gather(out, val(r, n))->wait();
+        std::vector<at::Tensor> parts;
+        for (int64_t q = 0; q < W; ++q) parts.push_back(val(q, n));
+        ASSERT_TRUE(out.equal(at::cat(parts))) << "bf16 all_gather W=" << W;
+
+        at::Tensor shard = at::empty({n}, at::kBFloat16);
+        g.reduce_scatter(shard, val(r, W * n))->wait();
+        at::Tensor sum = at::zeros({W * n});
+        for (int64_t q = 0; q < W; ++q) sum += val(q, W * n).to(at::kFloat);
+        ASSERT_TRUE(shard.to(at::kFloat).equal(sum.narrow(0, r * n, n))) << "bf16 reduce_scatter";
+
+        at::Tensor t = val(r, n);
+        g.all_reduce(t)->wait();
+        at::Tensor expect = at::zeros({n});
+        for (int64_t q = 0; q < W; ++q) expect += val(q, n).to(at::kFloat);
+        ASSERT_TRUE(t.to(at::kFloat).equal(expect))
+            << "bf16 all_reduce W=" << W << " n=" << n;
+
+        at::Tensor b = val(r, n);
+        g.broadcast(b, 0)->wait();
+        ASSERT_TRUE(b.equal(val(0, n))) << "bf16 broadcast";
+      }
+    });
+  }
+}
+
 TEST(Collectives, CountersAndChaining) {
   run_ranks(4, [&](Runtime& rt) {
     auto& g = *rt.world();

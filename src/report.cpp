@@ -1,0 +1,222 @@
+// Topology report (see fsdp/report.h).
+#include "fsdp/report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024.0 && i < 4) {
+    bytes /= 1024.0;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), i == 0 ? "%.0f %s" : "%.2f %s", bytes, units[i]);
+  return buf;
+}
+
+TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_world_size,
+                                    const std::vector<UnitInfo>& units,
+                                    const ReportOptions& o) {
+  FSDP_CHECK(o.grad_accum >= 1, "grad_accum ", o.grad_accum, " is invalid; use 1 or more");
+  TopologyReport r;
+  r.world_size = plan.layout.numel();
+  r.local_world_size = local_world_size;
+  r.num_nodes = r.world_size / local_world_size;
+  r.strategy = plan.strategy;
+  r.replicate_size = plan.replicate_size();
+  r.shard_size = plan.shard_size();
+  r.shard_groups = plan.layout.groups(1);
+  r.replicate_groups = plan.layout.groups(0);
+  for (int64_t rank = 0; rank < r.world_size; ++rank) {
+    auto c = plan.layout.coordinate_of(rank);
+    r.ranks.push_back({rank, c[0], c[1], rank / local_world_size, rank % local_world_size});
+  }
+  r.units = units;
+  r.warnings = plan.warnings;
+  const int64_t S = r.shard_size, R = r.replicate_size, K = o.grad_accum;
+  const int64_t pb = c10::elementSize(o.param_dtype), rb = c10::elementSize(o.reduce_dtype);
+  // Micro-steps that reduce-scatter, and that all-reduce across replicas (see GradSync).
+  const int64_t rs_steps = o.grad_sync == GradSync::kLocal ? 1 : K;
+  const int64_t ar_steps = o.grad_sync == GradSync::kEveryMicroStep ? K : 1;
+  int64_t gathered_all = 0, largest = 0, second = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& u = units[i];
+    r.total_params += u.numel;
+    r.sharded.params += u.shard_numel * 4;
+    r.replica.params += u.numel * 4;
+    if (u.numel == 0) continue;
+    const int64_t gathered = u.padded_numel * pb;
+    gathered_all += gathered;
+    if (i > 0) {
+      if (gathered > largest) {
+        second = largest;
+        largest = gathered;
+      } else if (gathered > second) {
+        second = gathered;
+      }
+    }
+    if (S > 1) {
+      // Forward gathers every unit; backward gathers again what was freed after forward
+      // (every unit but the root, under FULL_SHARD / HYBRID_SHARD).
+      const bool regather = plan.reshard_after_forward && i > 0;
+      r.comm.shard_all_gather += K * gathered * (regather ? 2 : 1);
+      r.comm.shard_reduce_scatter += rs_steps * u.padded_numel * rb;
+    }
+    if (R > 1) r.comm.replicate_all_reduce += ar_steps * u.shard_numel * rb;
+  }
+  if (o.clip && S > 1) r.comm.shard_all_reduce += 8;  // one double: the squared norm
+  r.sharded.grads = r.sharded.params;
+  r.sharded.optimizer = r.sharded.params * o.optimizer_states;
+  r.replica.grads = r.replica.params;
+  r.replica.optimizer = r.replica.params * o.optimizer_states;
+  const int64_t root = units.empty() ? 0 : units[0].padded_numel * pb;
+  if (S == 1 && o.param_dtype == c10::kFloat) {
+    r.peak_unsharded_param_bytes = 0;  // parameters are views of the shards
+  } else if (plan.reshard_after_forward) {
+    r.peak_unsharded_param_bytes = root + largest + (o.prefetch ? second : 0);
+  } else {
+    r.peak_unsharded_param_bytes = gathered_all;  // ZeRO-2 keeps units until after backward
+  }
+  return r;
+}
+
+namespace {
+
+std::string groups_line(const std::vector<std::vector<int64_t>>& groups) {
+  std::string s;
+  for (const auto& g : groups) {
+    s += s.empty() ? "[" : "  [";
+    for (size_t i = 0; i < g.size(); ++i) s += detail::cat(i ? ", " : "", g[i]);
+    s += "]";
+  }
+  return s;
+}
+
+std::string pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::string count(int64_t n) {
+  char buf[32];
+  if (n >= 1000000) {
+    std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
+  } else if (n >= 1000) {
+    std::snprintf(buf, sizeof(buf), "%.1f k", n / 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(n));
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string TopologyReport::to_text() const {
+  std::ostringstream os;
+  os << "fsdp topology: " << to_string(strategy) << ", world " << world_size << " = " << num_nodes
+     << (num_nodes == 1 ? " node" : " nodes") << " x " << local_world_size << " ranks, mesh ("
+     << replicate_size << ", " << shard_size << ") = " << replicate_size
+     << (replicate_size == 1 ? " replica" : " replicas") << " x " << shard_size
+     << "-way sharding\n\n";
+  // The grid: rows are replicas (replicate coordinate), columns shard coordinates.
+  const size_t w = std::max<size_t>(9, std::to_string(world_size).size() + 6);
+  os << pad("", 14);
+  for (int64_t s = 0; s < shard_size; ++s) os << pad(detail::cat("shard ", s), w);
+  os << "\n";
+  for (int64_t rep = 0; rep < replicate_size; ++rep) {
+    os << pad(detail::cat("  replica ", rep), 14);
+    std::set<int64_t> nodes;
+    for (int64_t s = 0; s < shard_size; ++s) {
+      const auto& g = shard_groups[rep];
+      os << pad(detail::cat("rank ", g[s]), w);
+      nodes.insert(g[s] / local_world_size);
+    }
+    os << (nodes.size() == 1 ? "node " : "nodes ");
+    bool first = true;
+    for (int64_t n : nodes) {
+      os << (first ? "" : ",") << n;
+      first = false;
+    }
+    os << "\n";
+  }
+  os << "\n  shard groups (all-gather parameters, reduce-scatter gradients):\n    "
+     << groups_line(shard_groups) << "\n";
+  os << "  replicate groups (all-reduce gradient shards):\n    " << groups_line(replicate_groups)
+     << "\n\n";
+  os << "  rank  (replicate, shard)  node  local rank\n";
+  for (const auto& p : ranks) {
+    os << "  " << pad(std::to_string(p.rank), 6) << pad(detail::cat("(", p.replicate, ", ", p.shard, ")"), 20)
+       << pad(std::to_string(p.node), 6) << p.local_rank << "\n";
+  }
+  os << "\n  model: " << count(total_params) << " parameters in " << units.size()
+     << (units.size() == 1 ? " unit" : " units") << "; each rank stores "
+     << count(sharded.params / 4) << " of them\n";
+  for (const auto& u : units) {
+    os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28) << pad(count(u.numel), 10)
+       << "shard " << count(u.shard_numel) << "\n";
+  }
+  os << "\n  communication per optimizer step, per rank (payload issued):\n";
+  os << "    shard group      all-gather " << pad(format_bytes(comm.shard_all_gather), 12)
+     << "reduce-scatter " << format_bytes(comm.shard_reduce_scatter);
+  if (comm.shard_all_reduce) os << "   all-reduce " << format_bytes(comm.shard_all_reduce);
+  os << "\n    replicate group  all-reduce " << format_bytes(comm.replicate_all_reduce) << "\n";
+  os << "\n  memory per rank      sharded      one replica\n";
+  auto row = [&](const char* name, int64_t a, int64_t b) {
+    os << "    " << pad(name, 17) << pad(format_bytes(a), 13) << format_bytes(b) << "\n";
+  };
+  row("parameters", sharded.params, replica.params);
+  row("gradients", sharded.grads, replica.grads);
+  row("optimizer state", sharded.optimizer, replica.optimizer);
+  row("total", sharded.total(), replica.total());
+  os << "    gathered parameters at peak (estimate): " << format_bytes(peak_unsharded_param_bytes)
+     << "\n";
+  for (const auto& wmsg : warnings) os << "\n  warning: " << wmsg << "\n";
+  return os.str();
+}
+
+std::string TopologyReport::to_json() const {
+  nlohmann::ordered_json j;
+  j["world_size"] = world_size;
+  j["num_nodes"] = num_nodes;
+  j["local_world_size"] = local_world_size;
+  j["mesh"] = {replicate_size, shard_size};
+  j["strategy"] = to_string(strategy);
+  j["shard_groups"] = shard_groups;
+  j["replicate_groups"] = replicate_groups;
+  auto& rs = j["ranks"] = nlohmann::ordered_json::array();
+  for (const auto& p : ranks) {
+    rs.push_back({{"rank", p.rank}, {"replicate", p.replicate}, {"shard", p.shard},
+                  {"node", p.node}, {"local_rank", p.local_rank}});
+  }
+  j["total_params"] = total_params;
+  auto& us = j["units"] = nlohmann::ordered_json::array();
+  for (const auto& u : units) {
+    us.push_back({{"name", u.name.empty() ? "(root)" : u.name}, {"params", u.numel},
+                  {"padded_params", u.padded_numel}, {"shard_params", u.shard_numel}});
+  }
+  j["comm_bytes_per_step"] = {
+      {"shard", {{"all_gather", comm.shard_all_gather},
+                 {"reduce_scatter", comm.shard_reduce_scatter},
+                 {"all_reduce", comm.shard_all_reduce}}},
+      {"replicate", {{"all_reduce", comm.replicate_all_reduce}}}};
+  auto mem = [](const RankMemory& m) {
+    return nlohmann::ordered_json{{"params", m.params}, {"grads", m.grads},
+                                  {"optimizer", m.optimizer}, {"total", m.total()}};
+  };
+  j["memory_bytes_per_rank"] = {{"sharded", mem(sharded)}, {"replica", mem(replica)},
+                                {"peak_gathered_params", peak_unsharded_param_bytes}};
+  j["warnings"] = warnings;
+  return j.dump();
+}
+
+}  // namespace fsdp
