@@ -66,7 +66,10 @@ class Runtime {
   // Creates the group of the global `ranks` (in group-rank order). Every rank must call it with
   // the same arguments in the same order, members or not (each call takes the next store
   // prefix); non-members get nullptr. `kind` labels the group's metrics ("shard", "replicate").
-  std::shared_ptr<Group> new_group(const std::vector<int64_t>& ranks, const std::string& kind);
+  // `reduce_scatter` overrides the runtime's fallback algorithm for this group (benchmarks).
+  std::shared_ptr<Group> new_group(
+      const std::vector<int64_t>& ranks, const std::string& kind,
+      ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAuto);
 
   // Throws fsdp::Error on every rank, naming both values, unless every rank passed the same
   // `value` for `what`. Uses only the store, so it is safe before the first collective and

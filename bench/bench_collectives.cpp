@@ -1,0 +1,122 @@
+// bench_collectives: time the collectives the engine uses, on real processes, per algorithm.
+// Prints the median time and the bus bandwidth (bytes each rank moves on the wire per second:
+// (S-1)/S of the buffer for all-gather and reduce-scatter, 2(S-1)/S for all-reduce).
+//
+//   build/bench_collectives [--devices 4] [--sizes 1,4,16,64] [--iters 5]
+//
+// Sizes are MiB of the full (unsharded) fp32 buffer. It launches its own ranks.
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
+#include "fsdp/runtime.h"
+#include "fsdp/strategy.h"
+
+namespace {
+
+double median_ms(fsdp::Group& world, int iters, const std::function<void()>& op) {
+  op();  // warm-up: connections, allocations
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    world.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    op();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
+  // The slowest rank decides: take the max over ranks of each rank's median.
+  std::sort(ms.begin(), ms.end());
+  at::Tensor m = at::tensor({ms[ms.size() / 2]}, at::kDouble);
+  at::Tensor gathered = at::empty({world.size()}, at::kDouble);
+  world.all_gather(gathered, m)->wait();
+  return gathered.max().item<double>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::LaunchOptions launch;
+  launch.name = "bench_collectives";
+  launch.devices_flag = "--devices";
+  launch.nproc_per_node = 4;
+  std::vector<int64_t> sizes = {1, 4, 16, 64};
+  int iters = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--devices") launch.nproc_per_node = std::atoll(argv[i + 1]);
+    else if (flag == "--sizes") sizes = fsdp::parse_mesh_shape(argv[i + 1]);
+    else if (flag == "--iters") iters = std::atoi(argv[i + 1]);
+    else {
+      std::cerr << "bench_collectives: error: unknown flag " << flag
+                << "; use --devices N --sizes 1,4,16 --iters 5\n";
+      return 2;
+    }
+  }
+  try {
+    if (auto rc = fsdp::launch_self(argc, argv, launch)) return *rc;
+    auto rt = fsdp::Runtime::init();
+    auto& world = *rt->world();
+    const int64_t S = world.size();
+    std::vector<int64_t> all(S);
+    for (int64_t r = 0; r < S; ++r) all[r] = r;
+    using A = fsdp::ReduceScatterAlgorithm;
+    struct Algo {
+      A algo;
+      std::shared_ptr<fsdp::Group> group;
+      std::string error;
+    };
+    std::vector<Algo> algos;
+    for (A a : {A::kNative, A::kRing, A::kAllToAll, A::kAllReduce}) {
+      Algo entry{a, nullptr, ""};
+      try {
+        entry.group = rt->new_group(all, "bench", a);
+      } catch (const fsdp::Error& e) {
+        entry.error = "n/a: this libtorch's Gloo has no native reduce-scatter";
+      }
+      algos.push_back(entry);
+    }
+    if (rt->rank() == 0) {
+      std::printf("bench_collectives: %lld ranks, Gloo, libtorch %s, %d threads/rank, median of %d\n",
+                  static_cast<long long>(S), TORCH_VERSION, static_cast<int>(rt->threads()), iters);
+      std::printf("%-26s %9s %10s %12s\n", "collective", "MiB", "ms", "busbw GB/s");
+    }
+    for (int64_t mib : sizes) {
+      const int64_t n = mib * (1 << 20) / 4 / S * S, chunk = n / S;
+      const double bytes = static_cast<double>(n) * 4;
+      at::Tensor full = at::ones({n}), shard = at::ones({chunk});
+      // factor: 1 for all-gather / reduce-scatter, 2 for all-reduce; elem: 4 fp32, 2 bf16.
+      auto report = [&](const std::string& name, double ms, double factor, double elem = 4) {
+        if (rt->rank() != 0) return;
+        std::printf("%-26s %9lld %10.2f %12.3f\n", name.c_str(), static_cast<long long>(mib), ms,
+                    bytes / 4 * elem * factor * (S - 1) / S / (ms / 1000) / 1e9);
+      };
+      report("all_gather", median_ms(world, iters, [&] { world.all_gather(full, shard)->wait(); }), 1);
+      for (auto& a : algos) {
+        const std::string name = std::string("reduce_scatter/") + fsdp::to_string(a.algo);
+        if (!a.group) {
+          if (rt->rank() == 0) std::printf("%-26s %9lld %s\n", name.c_str(), static_cast<long long>(mib), a.error.c_str());
+          continue;
+        }
+        report(name, median_ms(world, iters, [&] { a.group->reduce_scatter(shard, full)->wait(); }), 1);
+      }
+      report("all_reduce", median_ms(world, iters, [&] { world.all_reduce(full)->wait(); }), 2);
+      at::Tensor half = at::ones({n}, at::kBFloat16);
+      report("all_reduce bf16 (ring)", median_ms(world, iters, [&] { world.all_reduce(half)->wait(); }), 2, 2);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_collectives: error: " << fsdp::error_message(e) << "\n";
+    return 1;
+  }
+}

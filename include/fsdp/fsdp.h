@@ -1,0 +1,17 @@
+// fsdp/fsdp.h: everything a program needs to shard a libtorch model.
+//
+//   #include <fsdp/fsdp.h>
+//   auto model = fsdp::shard(std::make_shared<NetImpl>(),
+//                            fsdp::FSDPStrategy().sharding_strategy("HYBRID_SHARD")
+//                                                .device_mesh({2, 4}));
+#pragma once
+
+#include "fsdp/cluster.h"
+#include "fsdp/collectives.h"
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
+#include "fsdp/mesh.h"
+#include "fsdp/report.h"
+#include "fsdp/runtime.h"
+#include "fsdp/sharded.h"
+#include "fsdp/strategy.h"
