@@ -1,4 +1,5 @@
-// bench_collectives: time the collectives the engine uses, on real processes, per algorithm.
+// bench_collectives: time the collectives the engine uses, on real processes, per algorithm
+// (see CollectiveAlgorithm in collectives.h; "native" exists with libtorch 2.x Gloo and NCCL).
 // Prints the median time and the bus bandwidth (bytes each rank moves on the wire per second:
 // (S-1)/S of the buffer for all-gather and reduce-scatter, 2(S-1)/S for all-reduce).
 //
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
     const int64_t S = world.size();
     std::vector<int64_t> all(S);
     for (int64_t r = 0; r < S; ++r) all[r] = r;
-    using A = fsdp::ReduceScatterAlgorithm;
+    using A = fsdp::CollectiveAlgorithm;
     struct Algo {
       A algo;
       std::shared_ptr<fsdp::Group> group;
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
       try {
         entry.group = rt->new_group(all, "bench", a);
       } catch (const fsdp::Error& e) {
-        entry.error = "n/a: this libtorch's Gloo has no native reduce-scatter";
+        entry.error = "n/a: this libtorch's Gloo has no flat collectives";
       }
       algos.push_back(entry);
     }
@@ -101,14 +102,21 @@ int main(int argc, char** argv) {
         std::printf("%-26s %9lld %10.2f %12.3f\n", name.c_str(), static_cast<long long>(mib), ms,
                     bytes / 4 * elem * factor * (S - 1) / S / (ms / 1000) / 1e9);
       };
-      report("all_gather", median_ms(world, iters, [&] { world.all_gather(full, shard)->wait(); }), 1);
       for (auto& a : algos) {
-        const std::string name = std::string("reduce_scatter/") + fsdp::to_string(a.algo);
+        const std::string algo = fsdp::to_string(a.algo);
         if (!a.group) {
-          if (rt->rank() == 0) std::printf("%-26s %9lld %s\n", name.c_str(), static_cast<long long>(mib), a.error.c_str());
+          if (rt->rank() == 0) {
+            std::printf("%-26s %9lld %s\n", (algo + " all_gather/reduce_scatter").c_str(),
+                        static_cast<long long>(mib), a.error.c_str());
+          }
           continue;
         }
-        report(name, median_ms(world, iters, [&] { a.group->reduce_scatter(shard, full)->wait(); }), 1);
+        if (a.algo == A::kNative || a.algo == A::kRing) {
+          report("all_gather/" + algo,
+                 median_ms(world, iters, [&] { a.group->all_gather(full, shard)->wait(); }), 1);
+        }
+        report("reduce_scatter/" + algo,
+               median_ms(world, iters, [&] { a.group->reduce_scatter(shard, full)->wait(); }), 1);
       }
       report("all_reduce", median_ms(world, iters, [&] { world.all_reduce(full)->wait(); }), 2);
       at::Tensor half = at::ones({n}, at::kBFloat16);

@@ -102,16 +102,16 @@ std::string what_of(const std::exception& e) { return error_message(e); }
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
-            int64_t rank, std::string kind, bool flat, ReduceScatterAlgorithm algorithm)
+            int64_t rank, std::string kind, bool flat, bool nccl, CollectiveAlgorithm algorithm)
       : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
         flat_(flat), algorithm_(algorithm) {
-    if (algorithm_ == ReduceScatterAlgorithm::kAuto) {
-      algorithm_ = flat_ ? ReduceScatterAlgorithm::kNative : ReduceScatterAlgorithm::kRing;
+    if (algorithm_ == CollectiveAlgorithm::kAuto) {
+      algorithm_ = nccl ? CollectiveAlgorithm::kNative : CollectiveAlgorithm::kRing;
     }
-    FSDP_CHECK(algorithm_ != ReduceScatterAlgorithm::kNative || flat_,
-               "reduce-scatter algorithm 'native' was requested but the ",
-               backend_->getBackendName(), " backend of this libtorch has no _reduce_scatter_base; "
-               "use auto, ring or alltoall");
+    FSDP_CHECK(algorithm_ != CollectiveAlgorithm::kNative || flat_,
+               "collective algorithm 'native' was requested but the ", backend_->getBackendName(),
+               " backend of this libtorch has no _allgather_base / _reduce_scatter_base; use auto, "
+               "ring or alltoall");
   }
 
  protected:
@@ -124,24 +124,24 @@ class C10dGroup final : public Group {
   WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
     return submit("reduce_scatter", [this, output, input]() mutable {
       // A dtype the backend cannot sum (bf16 on Gloo) takes the ring, whose sums are local.
-      const auto algorithm = native(input) ? algorithm_ : ReduceScatterAlgorithm::kRing;
+      const auto algorithm = native(input) ? algorithm_ : CollectiveAlgorithm::kRing;
       switch (algorithm) {
-        case ReduceScatterAlgorithm::kNative: {
+        case CollectiveAlgorithm::kNative: {
           c10d::ReduceScatterOptions opts;
           opts.reduceOp = c10d::ReduceOp::SUM;
           backend_->_reduce_scatter_base(output, input, opts)->wait();
           return;
         }
-        case ReduceScatterAlgorithm::kRing: return ring_reduce_scatter(output, input);
-        case ReduceScatterAlgorithm::kAllToAll: return alltoall_reduce_scatter(output, input);
-        case ReduceScatterAlgorithm::kAllReduce: {
+        case CollectiveAlgorithm::kRing: return ring_reduce_scatter(output, input);
+        case CollectiveAlgorithm::kAllToAll: return alltoall_reduce_scatter(output, input);
+        case CollectiveAlgorithm::kAllReduce: {
           at::Tensor copy = input.clone();
           std::vector<at::Tensor> ts{copy};
           backend_->allreduce(ts)->wait();
           output.view({-1}).copy_(copy.view({-1}).chunk(size())[rank()]);
           return;
         }
-        case ReduceScatterAlgorithm::kAuto: break;
+        case CollectiveAlgorithm::kAuto: break;
       }
       TORCH_INTERNAL_ASSERT(false, "unresolved reduce-scatter algorithm");
     });
@@ -193,12 +193,12 @@ class C10dGroup final : public Group {
     return native(t) ? t : t.view(at::kHalf);
   }
   void gather_into(at::Tensor output, at::Tensor input) {
-    if (flat_) {
+    if (algorithm_ == CollectiveAlgorithm::kNative && native(input)) {
       backend_->_allgather_base(output, input)->wait();
       return;
     }
-    // Gloo's list-form allgather stages through a flat copy: the ring measured 1.6-3.9x faster
-    // (bench_collectives, 4 ranks, 4-64 MiB, libtorch 1.13).
+    // Not Gloo's list-form allgather (1.13's fallback): it stages through a flat copy, and the
+    // ring measured 1.6-3.9x faster (bench_collectives, 4 ranks, 4-64 MiB).
     ring_all_gather(output, input);
   }
 
@@ -276,7 +276,7 @@ class C10dGroup final : public Group {
 
   c10::intrusive_ptr<compat::C10dBackend> backend_;
   bool flat_;
-  ReduceScatterAlgorithm algorithm_;
+  CollectiveAlgorithm algorithm_;
   Worker worker_;  // last: joined first, while the members it uses still exist
 };
 
@@ -284,10 +284,10 @@ class C10dGroup final : public Group {
 
 std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> backend,
                                        std::vector<int64_t> ranks, int64_t rank, std::string kind,
-                                       bool has_flat_collectives,
-                                       ReduceScatterAlgorithm algorithm) {
+                                       bool has_flat_collectives, bool is_nccl,
+                                       CollectiveAlgorithm algorithm) {
   return std::make_shared<C10dGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
-                                     has_flat_collectives, algorithm);
+                                     has_flat_collectives, is_nccl, algorithm);
 }
 
 }  // namespace fsdp::detail

@@ -12,23 +12,23 @@
 
 namespace fsdp {
 
-const char* to_string(ReduceScatterAlgorithm a) {
+const char* to_string(CollectiveAlgorithm a) {
   switch (a) {
-    case ReduceScatterAlgorithm::kAuto: return "auto";
-    case ReduceScatterAlgorithm::kNative: return "native";
-    case ReduceScatterAlgorithm::kRing: return "ring";
-    case ReduceScatterAlgorithm::kAllToAll: return "alltoall";
-    case ReduceScatterAlgorithm::kAllReduce: return "allreduce";
+    case CollectiveAlgorithm::kAuto: return "auto";
+    case CollectiveAlgorithm::kNative: return "native";
+    case CollectiveAlgorithm::kRing: return "ring";
+    case CollectiveAlgorithm::kAllToAll: return "alltoall";
+    case CollectiveAlgorithm::kAllReduce: return "allreduce";
   }
   return "?";
 }
 
-ReduceScatterAlgorithm parse_reduce_scatter_algorithm(const std::string& text) {
+CollectiveAlgorithm parse_collective_algorithm(const std::string& text) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (auto a : {ReduceScatterAlgorithm::kAuto, ReduceScatterAlgorithm::kNative,
-                 ReduceScatterAlgorithm::kRing, ReduceScatterAlgorithm::kAllToAll,
-                 ReduceScatterAlgorithm::kAllReduce}) {
+  for (auto a : {CollectiveAlgorithm::kAuto, CollectiveAlgorithm::kNative,
+                 CollectiveAlgorithm::kRing, CollectiveAlgorithm::kAllToAll,
+                 CollectiveAlgorithm::kAllReduce}) {
     if (t == to_string(a)) return a;
   }
   throw Error(detail::cat("reduce-scatter algorithm '", text,

@@ -136,8 +136,8 @@ struct Runtime::Impl {
 
   std::shared_ptr<Group> make_group(const std::vector<int64_t>& ranks, int64_t group_rank,
                                     const std::string& prefix, const std::string& kind,
-                                    ReduceScatterAlgorithm algorithm = ReduceScatterAlgorithm::kAuto) {
-    if (algorithm == ReduceScatterAlgorithm::kAuto) algorithm = options.reduce_scatter;
+                                    CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto) {
+    if (algorithm == CollectiveAlgorithm::kAuto) algorithm = options.algorithm;
     const int64_t size = static_cast<int64_t>(ranks.size());
     if (size == 1) return make_single_process_group(env.rank, kind);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
@@ -147,7 +147,8 @@ struct Runtime::Impl {
       opts->timeout = options.timeout;
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, static_cast<int>(group_rank),
                                                             static_cast<int>(size), opts);
-      return detail::make_c10d_group(pg, ranks, group_rank, kind, /*flat=*/true, algorithm);
+      return detail::make_c10d_group(pg, ranks, group_rank, kind, /*flat=*/true, /*nccl=*/true,
+                                     algorithm);
 #else
       TORCH_INTERNAL_ASSERT(false, "nccl backend without CUDA support");
 #endif
@@ -158,7 +159,7 @@ struct Runtime::Impl {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(group_rank),
                                                           static_cast<int>(size), opts);
     return detail::make_c10d_group(pg, ranks, group_rank, kind, compat::kGlooHasFlatCollectives,
-                                   algorithm);
+                                   /*nccl=*/false, algorithm);
   }
 };
 
@@ -288,7 +289,7 @@ std::shared_ptr<Group> Runtime::world() const { return impl_->world; }
 
 std::shared_ptr<Group> Runtime::new_group(const std::vector<int64_t>& ranks,
                                           const std::string& kind,
-                                          ReduceScatterAlgorithm reduce_scatter) {
+                                          CollectiveAlgorithm algorithm) {
   FSDP_CHECK(!ranks.empty(), "new_group: the rank list is empty");
   std::vector<int64_t> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
@@ -306,7 +307,7 @@ std::shared_ptr<Group> Runtime::new_group(const std::vector<int64_t>& ranks,
   auto it = std::find(ranks.begin(), ranks.end(), rank());
   if (it == ranks.end()) return nullptr;
   return impl_->make_group(ranks, it - ranks.begin(), detail::cat("fsdp/group/", id, "/"), kind,
-                           reduce_scatter);
+                           algorithm);
 }
 
 void Runtime::check_agreement(const std::string& what, const std::string& value) {

@@ -26,7 +26,7 @@ extern char** environ;
 namespace fsdp::testing {
 
 void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t local_world,
-               std::chrono::milliseconds timeout, ReduceScatterAlgorithm algorithm) {
+               std::chrono::milliseconds timeout, CollectiveAlgorithm algorithm) {
   if (local_world <= 0) local_world = world;
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
@@ -47,7 +47,7 @@ void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t l
         RuntimeOptions opts;
         opts.backend = Backend::kGloo;
         opts.timeout = timeout;
-        opts.reduce_scatter = algorithm;
+        opts.algorithm = algorithm;
         auto rt = detail::make_runtime(store, env, opts);
         fn(*rt);
       } catch (...) {

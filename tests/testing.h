@@ -18,7 +18,7 @@ namespace fsdp::testing {
 void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn,
                int64_t local_world = 0,
                std::chrono::milliseconds timeout = std::chrono::seconds(60),
-               ReduceScatterAlgorithm algorithm = ReduceScatterAlgorithm::kAuto);
+               CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto);
 
 // A finished child process.
 struct ProcessResult {

@@ -36,16 +36,18 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
-// How reduce_scatter runs when the backend lacks a native one (Gloo in libtorch 1.13).
-enum class ReduceScatterAlgorithm {
-  kAuto,       // native if the backend has it, else kRing
-  kNative,     // the backend's _reduce_scatter_base (error if it has none)
-  kRing,       // S-1 steps of send/recv to the next rank: each rank sends (S-1)/S of the buffer
-  kAllToAll,   // alltoall_base then a local sum: also (S-1)/S per rank, one call
-  kAllReduce,  // all-reduce then keep one slice: about twice the traffic; for comparison only
+// How all_gather and reduce_scatter run on a c10d group. Gloo's own flat collectives (libtorch
+// 2.x) measured up to 2x slower than a ring on CPU, and libtorch 1.13's Gloo has none, so Gloo
+// groups default to rings; NCCL groups use NCCL's. See bench_collectives and README Performance.
+enum class CollectiveAlgorithm {
+  kAuto,       // NCCL: native; Gloo: kRing
+  kNative,     // the backend's _allgather_base / _reduce_scatter_base (error if it has none)
+  kRing,       // S-1 steps of send/recv with the neighbours: each rank sends (S-1)/S of the buffer
+  kAllToAll,   // reduce-scatter as alltoall_base + a local sum (also (S-1)/S); ring all-gather
+  kAllReduce,  // reduce-scatter as all-reduce + keep a slice (twice the traffic; for comparison)
 };
-const char* to_string(ReduceScatterAlgorithm a);
-ReduceScatterAlgorithm parse_reduce_scatter_algorithm(const std::string& text);
+const char* to_string(CollectiveAlgorithm a);
+CollectiveAlgorithm parse_collective_algorithm(const std::string& text);
 
 // Payload bytes issued on a group since it was created, per collective. For all-gather and
 // reduce-scatter the payload is the full (unsharded) buffer; for all-reduce and broadcast, the

@@ -36,8 +36,8 @@ struct RuntimeOptions {
   // Intra-op threads of this rank. 0 (default): OMP_NUM_THREADS if set (the launcher sets it),
   // else max(1, cores / local world size).
   int64_t threads = 0;
-  // Reduce-scatter fallback when the backend lacks one (see collectives.h). Default kAuto.
-  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAuto;
+  // How all-gather and reduce-scatter run (see collectives.h). Default kAuto.
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto;
 };
 
 class Runtime {
@@ -66,10 +66,9 @@ class Runtime {
   // Creates the group of the global `ranks` (in group-rank order). Every rank must call it with
   // the same arguments in the same order, members or not (each call takes the next store
   // prefix); non-members get nullptr. `kind` labels the group's metrics ("shard", "replicate").
-  // `reduce_scatter` overrides the runtime's fallback algorithm for this group (benchmarks).
-  std::shared_ptr<Group> new_group(
-      const std::vector<int64_t>& ranks, const std::string& kind,
-      ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAuto);
+  // `algorithm` overrides the runtime's choice for this group (benchmarks).
+  std::shared_ptr<Group> new_group(const std::vector<int64_t>& ranks, const std::string& kind,
+                                   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto);
 
   // Throws fsdp::Error on every rank, naming both values, unless every rank passed the same
   // `value` for `what`. Uses only the store, so it is safe before the first collective and
