@@ -32,8 +32,6 @@ int64_t bytes_of(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Fires after a parameter's AccumulateGrad node ran: its gradient for this backward is complete.
 class GradReadyHook final : public torch::autograd::FunctionPostHook {
  public:
@@ -849,14 +847,16 @@ torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::named_parameters
   return engine_->named_parameters();
 }
 
-FullyShardedModule::NoSyncGuard::NoSyncGuard(std::shared_ptr<detail::Engine> engine)
-    : engine_(std::move(engine)) {
-  engine_->set_sync(false);
+FullyShardedModule::NoSyncGuard::NoSyncGuard(std::shared_ptr<detail::Engine> engine, bool enabled)
+    : engine_(enabled ? std::move(engine) : nullptr) {
+  if (engine_) engine_->set_sync(false);
 }
 FullyShardedModule::NoSyncGuard::~NoSyncGuard() {
   if (engine_) engine_->set_sync(true);
 }
-FullyShardedModule::NoSyncGuard FullyShardedModule::no_sync() { return NoSyncGuard(engine_); }
+FullyShardedModule::NoSyncGuard FullyShardedModule::no_sync(bool enabled) {
+  return NoSyncGuard(engine_, enabled);
+}
 
 double FullyShardedModule::clip_grad_norm(double max_norm) {
   return engine_->clip_grad_norm(max_norm);

@@ -336,7 +336,9 @@ void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv
   FSDP_CHECK(!given.master_addr || *given.master_addr == env.master_addr, "--master-addr ",
              given.master_addr.value_or(""), " contradicts the ", who,
              " environment (MASTER_ADDR ", env.master_addr, "); drop one of them");
-  FSDP_CHECK(!given.master_port || *given.master_port == env.master_port, "--master-port ",
+  // --master-port 0 means "pick one", which the launcher did: not a contradiction.
+  FSDP_CHECK(!given.master_port || *given.master_port == 0 || *given.master_port == env.master_port,
+             "--master-port ",
              given.master_port.value_or(0), " contradicts the ", who, " environment (port ",
              env.master_port, "); drop one of them");
 }

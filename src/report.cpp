@@ -25,6 +25,16 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+ReportOptions ReportOptions::for_strategy(const FSDPStrategy& s) {
+  ReportOptions o;
+  o.grad_sync = s.grad_sync();
+  o.prefetch = s.forward_prefetch();
+  const auto& mp = s.mixed_precision();
+  o.param_dtype = mp.param_dtype.value_or(c10::kFloat);
+  o.reduce_dtype = mp.reduce_dtype.value_or(o.param_dtype);
+  return o;
+}
+
 TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_world_size,
                                     const std::vector<UnitInfo>& units,
                                     const ReportOptions& o) {

@@ -205,13 +205,8 @@ TEST_P(Accumulation, MatchesOneBigBatch) {
         const int64_t row = (r * K + k) * kPerRank;
         auto x = d.tokens[step].narrow(0, row, kPerRank);
         auto y = d.targets[step].narrow(0, row, kPerRank);
-        auto loss = loss_of(model(x), y) / static_cast<double>(K);
-        if (k + 1 < K) {
-          auto guard = model.no_sync();
-          loss.backward();
-        } else {
-          loss.backward();
-        }
+        auto guard = model.no_sync(/*enabled=*/k + 1 < K);
+        (loss_of(model(x), y) / static_cast<double>(K)).backward();
       }
       optimizer->step();
       expect_close(model.state_dict(), ref[step], 1e-6, 1e-5,
@@ -617,14 +612,9 @@ TEST_P(ReportedComm, EqualsTheCountedBytes) {
     auto before = model.comm_counters();
     for (int64_t k = 0; k < c.K; ++k) {
       const int64_t row = (rt.rank() * c.K + k) * kPerRank;
-      auto loss = loss_of(model(d.tokens[0].narrow(0, row, kPerRank)),
-                          d.targets[0].narrow(0, row, kPerRank));
-      if (k + 1 < c.K) {
-        auto guard = model.no_sync();
-        loss.backward();
-      } else {
-        loss.backward();
-      }
+      auto guard = model.no_sync(/*enabled=*/k + 1 < c.K);
+      loss_of(model(d.tokens[0].narrow(0, row, kPerRank)), d.targets[0].narrow(0, row, kPerRank))
+          .backward();
     }
     if (c.clip) model.clip_grad_norm(1.0);
     opt.step();

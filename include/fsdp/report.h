@@ -21,6 +21,9 @@ struct ReportOptions {
   c10::ScalarType param_dtype = c10::kFloat;   // gathered parameter dtype
   c10::ScalarType reduce_dtype = c10::kFloat;  // gradient reduction dtype
   bool prefetch = true;
+
+  // grad_sync, prefetch and dtypes as `strategy` sets them; the rest stays at the defaults.
+  static ReportOptions for_strategy(const FSDPStrategy& strategy);
 };
 
 struct RankPlacement {

@@ -197,17 +197,18 @@ class FullyShardedModule {
   torch::OrderedDict<std::string, at::Tensor> named_parameters() const;  // "<unit>.flat_param"
 
   // Inside no_sync(), backward skips the communication the strategy's grad_sync mode allows
-  // (GradSync::kLocal: all of it; kReplicateOnLast: the replicate all-reduce). Leave it for the
-  // last micro-step, whose backward then reduces everything accumulated.
+  // (GradSync::kLocal: all of it; kReplicateOnLast: the replicate all-reduce; kEveryMicroStep:
+  // none). Leave it for the last micro-step, whose backward then reduces everything accumulated:
+  //   auto guard = model.no_sync(/*enabled=*/k + 1 < K);
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(std::shared_ptr<detail::Engine> engine);
+    NoSyncGuard(std::shared_ptr<detail::Engine> engine, bool enabled);
     ~NoSyncGuard();
     NoSyncGuard(NoSyncGuard&&) = default;
    private:
     std::shared_ptr<detail::Engine> engine_;
   };
-  NoSyncGuard no_sync();
+  NoSyncGuard no_sync(bool enabled = true);
 
   // Scales gradient shards so their global L2 norm is at most `max_norm`; returns the norm
   // before clipping. Collective on the shard group: call on every rank.
@@ -234,7 +235,8 @@ class FullyShardedModule {
 
   MemoryStats memory_stats(const torch::optim::Optimizer* optimizer = nullptr) const;
   void reset_peak_memory();
-  // Bytes issued per group kind ("shard", "replicate", "world") since sharding.
+  // Payload bytes issued per group kind ("shard", "replicate", "world") since the groups were
+  // created. "world" is runtime()->world(): it also counts the caller's own collectives on it.
   std::vector<std::pair<std::string, CommCounters>> comm_counters() const;
 
   const ShardingPlan& plan() const;

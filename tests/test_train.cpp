@@ -1,0 +1,375 @@
+// fsdp-train end to end, as real processes: the same seed gives the same per-step losses on one
+// process (NO_SHARD), a 2x2 HYBRID_SHARD mesh and 4-way FULL_SHARD (with gradient accumulation);
+// well-formed --metrics; --dry-run --json; --help; plots (fsdp-train --plot, fsdp-plot); and
+// every kind of bad input, each failing with exit status 2 and one line before anything starts.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "testing.h"
+
+using namespace fsdp::testing;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+const std::string kTrain = tool_dir() + "/fsdp-train";
+const std::string kPlot = tool_dir() + "/fsdp-plot";
+
+// A fresh directory under /tmp, removed with its files at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/fsdp-test-train-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { (void)!std::system(("rm -rf '" + path_ + "'").c_str()); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+bool is_png(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  return in && std::string(magic + 1, 3) == "PNG";
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::vector<std::string> train_args(std::vector<std::string> extra) {
+  // tiny model, 6 steps: a few seconds with 4 ranks on 2 cores.
+  std::vector<std::string> argv{
+      kTrain,         "--model=tiny", "--steps=6",        "--global-batch=8",
+      "--seq-len=32", "--lr=3e-3",    "--warmup-steps=2", "--seed=7"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// Checks one --metrics file line by line and returns its losses.
+std::vector<double> check_metrics(const std::string& path, int64_t steps, const std::string& what) {
+  std::vector<double> losses;
+  const auto lines = lines_of(path);
+  EXPECT_EQ(static_cast<int64_t>(lines.size()), steps) << what;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = what + " line " + std::to_string(i + 1) + ": " + lines[i];
+    json j;
+    try {
+      j = json::parse(lines[i]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << where << " is not JSON: " << e.what();
+      continue;
+    }
+    for (const char* key : {"step", "loss", "lr", "step_time_s", "tokens_per_s",
+                            "sharded_state_bytes", "peak_rss_bytes", "comm_bytes"}) {
+      EXPECT_TRUE(j.contains(key)) << where << " lacks " << key;
+    }
+    if (!j.contains("comm_bytes") || !j.contains("loss")) continue;
+    EXPECT_EQ(j["step"].get<int64_t>(), static_cast<int64_t>(i + 1)) << where;
+    const double loss = j["loss"].get<double>();
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0 && loss < 10) << where;  // ln 256 = 5.55
+    EXPECT_GT(j["lr"].get<double>(), 0) << where;
+    EXPECT_LE(j["lr"].get<double>(), 3e-3 * (1 + 1e-12)) << where;
+    EXPECT_GT(j["step_time_s"].get<double>(), 0) << where;
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0) << where;
+    EXPECT_GT(j["sharded_state_bytes"].get<int64_t>(), 0) << where;
+    EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 1 << 20) << where;
+    for (const char* kind : {"shard", "replicate", "world"}) {
+      EXPECT_TRUE(j["comm_bytes"].contains(kind) && j["comm_bytes"][kind].is_number_integer() &&
+                  j["comm_bytes"][kind].get<int64_t>() >= 0)
+          << where << " comm_bytes." << kind;
+    }
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+json last_line(const std::string& path) { return json::parse(lines_of(path).back()); }
+
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+// --help shows "--steps INT=100" (CLI11 2.1, Debian 12) or "--steps INT [100]" (CLI11 2.4).
+bool shows_default(const std::string& help, const std::string& flag, const std::string& type,
+                   const std::string& value) {
+  return help.find(flag + " " + type + "=" + value) != std::string::npos ||
+         help.find(flag + " " + type + " [" + value + "]") != std::string::npos;
+}
+
+}  // namespace
+
+TEST(Train, SameLossesOnEveryMeshAndStrategy) {
+  TempDir dir;
+  struct Run {
+    std::string name;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Run> runs = {
+      {"w1_no_shard", {"--strategy", "no_shard"}},
+      {"w4_hybrid_2x2",
+       {"--devices", "4", "--strategy", "HYBRID_SHARD", "--mesh", "2,2", "--grad-accum", "2",
+        "--grad-sync", "replicate_on_last"}},
+      {"w4_full_shard", {"--devices", "4", "--strategy", "full_shard", "--grad-accum", "2"}},
+  };
+  std::vector<std::vector<double>> losses;
+  for (const auto& run_ : runs) {
+    auto argv = train_args(run_.flags);
+    argv.insert(argv.end(), {"--metrics", dir.file(run_.name + ".jsonl")});
+    auto r = run(argv, {}, 60s);
+    ASSERT_FALSE(r.timed_out) << run_.name << "\n" << r.output;
+    ASSERT_EQ(r.exit_code(), 0) << run_.name << "\n" << r.output;
+    EXPECT_NE(r.output.find("final loss"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 6/6"), std::string::npos) << r.output;  // progress, no tty
+    losses.push_back(check_metrics(dir.file(run_.name + ".jsonl"), 6, run_.name));
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.3) << "the loss should fall";
+  for (size_t k = 1; k < runs.size(); ++k) {
+    ASSERT_EQ(losses[k].size(), losses[0].size()) << runs[k].name;
+    for (size_t s = 0; s < losses[0].size(); ++s) {
+      const double rel = std::abs(losses[k][s] - losses[0][s]) / std::abs(losses[0][s]);
+      EXPECT_LE(rel, 1e-4) << runs[k].name << " step " << s + 1 << ": loss " << losses[k][s]
+                           << " vs " << losses[0][s] << " on one process";
+    }
+  }
+
+  // What the strategies communicate, and store, per rank.
+  const json w1 = last_line(dir.file("w1_no_shard.jsonl"));
+  const json hsdp = last_line(dir.file("w4_hybrid_2x2.jsonl"));
+  const json fsdp = last_line(dir.file("w4_full_shard.jsonl"));
+  EXPECT_EQ(w1["comm_bytes"]["shard"], 0);
+  EXPECT_EQ(w1["comm_bytes"]["replicate"], 0);
+  EXPECT_GT(hsdp["comm_bytes"]["shard"].get<int64_t>(), 0);
+  EXPECT_GT(hsdp["comm_bytes"]["replicate"].get<int64_t>(), 0);
+  EXPECT_GT(fsdp["comm_bytes"]["shard"].get<int64_t>(), 0);
+  EXPECT_EQ(fsdp["comm_bytes"]["replicate"], 0);
+  // Shards of 1/4 (plus padding) of the one-process state, which is a whole replica.
+  EXPECT_LT(fsdp["sharded_state_bytes"].get<double>(),
+            0.3 * w1["sharded_state_bytes"].get<double>());
+  EXPECT_LT(hsdp["sharded_state_bytes"].get<double>(),
+            0.55 * w1["sharded_state_bytes"].get<double>());
+}
+
+// Other settings: two ranks, ZeRO-2, bf16 compute, no prefetch, no clipping, local grad sync,
+// and a --data file.
+TEST(Train, Bf16ShardGradOpWithDataFile) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  write_file(dir.file("fox.txt"), text);
+  auto argv = train_args({"--devices", "2", "--strategy", "shard-grad-op", "--precision",
+                          "bf16-mixed", "--prefetch", "off", "--clip-grad", "0", "--grad-accum",
+                          "2", "--grad-sync", "local", "--data", dir.file("fox.txt"), "--quiet",
+                          "--metrics", dir.file("m.jsonl")});
+  auto r = run(argv, {}, 60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("SHARD_GRAD_OP"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 6/6"), std::string::npos) << "--quiet shows progress:\n"
+                                                          << r.output;
+  const auto losses = check_metrics(dir.file("m.jsonl"), 6, "bf16");
+  ASSERT_EQ(losses.size(), 6u);
+  EXPECT_LT(losses.back(), losses.front()) << r.output;
+}
+
+TEST(Plot, FsdpTrainAndFsdpPlotDrawPngs) {
+  if (!have_gnuplot()) GTEST_SKIP() << "gnuplot is not installed (make setup installs gnuplot-nox)";
+  TempDir dir;
+  auto r = run(train_args({"--steps", "3", "--quiet", "--plot", dir.file("loss.png")}), {}, 60s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(is_png(dir.file("loss.png"))) << r.output;
+  // Several runs in one picture, named by file; a quote in a name must not break the script.
+  write_file(dir.file("a.jsonl"), "{\"step\": 1, \"loss\": 5.5}\n{\"step\": 2, \"loss\": 4.9}\n");
+  write_file(dir.file("it's b.jsonl"),
+             "{\"step\": 1, \"loss\": 5.4}\n{\"step\": 2, \"loss\": 5.0}\n");
+  r = run({kPlot, "-o", dir.file("compare.png"), dir.file("a.jsonl"), dir.file("it's b.jsonl")});
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(is_png(dir.file("compare.png"))) << r.output;
+}
+
+TEST(Train, DryRunJsonDescribesTheMesh) {
+  auto r = run({kTrain, "--devices", "8", "--mesh", "2,4", "--strategy", "hybrid_shard",
+                "--dry-run", "--json"},
+               {}, 30s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  EXPECT_EQ(j["world_size"], 8);
+  EXPECT_EQ(j["mesh"], json::array({2, 4}));
+  EXPECT_EQ(j["strategy"], "HYBRID_SHARD");
+  EXPECT_EQ(j["shard_groups"], json::parse("[[0,1,2,3],[4,5,6,7]]"));
+  EXPECT_EQ(j["replicate_groups"], json::parse("[[0,4],[1,5],[2,6],[3,7]]"));
+  EXPECT_GT(j["total_params"].get<int64_t>(), 1000000);  // --model small by default
+
+  auto text = run({kTrain, "--devices", "4", "--num-nodes", "2", "--master-port", "1", "--strategy",
+                   "hybrid_shard", "--model", "tiny", "--dry-run"},
+                  {}, 30s);
+  // Port 1 is privileged, so nobody can hold it; the dry run never binds it anyway.
+  ASSERT_EQ(text.exit_code(), 0) << text.output;
+  EXPECT_NE(text.output.find("mesh (2, 4)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("replicate groups"), std::string::npos) << text.output;
+}
+
+TEST(Train, HelpListsEveryFlagWithItsDefault) {
+  auto r = run({kTrain, "--help"}, {}, 30s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  for (const char* flag :
+       {"--devices",   "--num-nodes",    "--node-rank", "--master-addr",  "--master-port",
+        "--strategy",  "--mesh",         "--steps",     "--global-batch", "--seq-len",
+        "--lr",        "--warmup-steps", "--seed",      "--precision",    "--grad-accum",
+        "--grad-sync", "--clip-grad",    "--prefetch",  "--threads",      "--timeout",
+        "--metrics",   "--dry-run",      "--json",      "--quiet",        "--plot",
+        "--model",     "--data"}) {
+    EXPECT_NE(r.output.find(std::string("  ") + flag + " "), std::string::npos)
+        << flag << " missing from --help:\n"
+        << r.output;
+  }
+  // Defaults come from the code (TrainOptions), e.g.:
+  const std::vector<std::array<std::string, 3>> defaults = {
+      {"--devices", "INT", "1"},        {"--strategy", "TEXT", "full_shard"},
+      {"--model", "TEXT", "small"},     {"--precision", "TEXT", "fp32"},
+      {"--grad-sync", "TEXT", "every"}, {"--prefetch", "TEXT", "on"},
+      {"--clip-grad", "FLOAT", "1"},    {"--master-addr", "TEXT", "127.0.0.1"}};
+  for (const auto& [flag, type, value] : defaults) {
+    EXPECT_TRUE(shows_default(r.output, flag, type, value))
+        << flag << " default " << value << " missing:\n"
+        << r.output;
+  }
+}
+
+TEST(Plot, FsdpPlotErrors) {
+  TempDir dir;
+  write_file(dir.file("bad.jsonl"), "{\"step\": 1, \"loss\": 5.1}\nnot json\n");
+  auto r = run({kPlot, "-o", dir.file("x.png"), dir.file("bad.jsonl")});
+  EXPECT_EQ(r.exit_code(), 1) << r.output;  // before looking for gnuplot
+  EXPECT_NE(r.output.find("line 2 is not JSON"), std::string::npos) << r.output;
+  write_file(dir.file("ok.jsonl"), "{\"step\": 1, \"loss\": 5.1}\n{\"step\": 2, \"loss\": 4.9}\n");
+  r = run({kPlot, "-o", dir.file("x.png"), dir.file("ok.jsonl")}, {{"PATH", "/nonexistent"}});
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("gnuplot is not in PATH"), std::string::npos) << r.output;
+  r = run({kPlot, dir.file("ok.jsonl")});
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+}
+
+// Every invalid flag: exit status 2 and one line "fsdp-train: error: ..." naming the value, before
+// any rank starts. The cases run a few at a time (each is one ~0.5 s libtorch process start).
+TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
+  TempDir dir;
+  write_file(dir.file("empty.txt"), "");
+  write_file(dir.file("short.txt"), "0123456789");
+  // A port somebody listens on.
+  const int busy_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(busy_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(busy_fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(busy_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string busy_port = std::to_string(ntohs(addr.sin_port));
+
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;  // in the message: the value, and for some the rule
+    std::map<std::string, std::string> env = {};
+  };
+  const std::string torchrun_port = std::to_string(free_port());
+  const std::vector<Case> cases = {
+      {{"--devices", "0"}, "--devices 0"},
+      {{"--num-nodes", "0"}, "--num-nodes 0"},
+      {{"--num-nodes", "2", "--node-rank", "2", "--master-port", "29999"}, "--node-rank 2"},
+      {{"--num-nodes", "2"}, "needs --master-port"},
+      {{"--master-port", "70000"}, "--master-port 70000"},
+      {{"--devices", "2", "--master-port", busy_port}, busy_port + " is already in use"},
+      {{"--master-addr", ""}, "--master-addr is empty"},
+      {{"--strategy", "zero3"}, "'zero3'"},
+      {{"--mesh", "2x2", "--devices", "4"}, "'2x2'"},
+      {{"--mesh", "3,2", "--devices", "4", "--strategy", "hybrid_shard"}, "(3, 2)"},
+      {{"--mesh", "2,2", "--devices", "4", "--strategy", "full_shard"}, "(2, 2)"},
+      {{"--mesh", "2,2", "--devices", "4", "--strategy", "no_shard"}, "(2, 2)"},
+      {{"--mesh", "4", "--devices", "4", "--strategy", "hybrid_shard"}, "(4)"},
+      {{"--steps", "0"}, "--steps 0"},
+      {{"--steps", "ten"}, "ten"},
+      {{"--global-batch", "0"}, "--global-batch 0"},
+      {{"--global-batch", "6", "--devices", "4"}, "--global-batch 6 does not split evenly"},
+      {{"--global-batch", "8", "--devices", "4", "--grad-accum", "3"}, "--grad-accum 3"},
+      {{"--grad-accum", "0"}, "--grad-accum 0"},
+      {{"--seq-len", "0"}, "--seq-len 0"},
+      {{"--seq-len", "65", "--model", "tiny"}, "--seq-len 65 is outside 1..64"},
+      {{"--lr", "0"}, "--lr 0"},
+      {{"--lr", "-0.5"}, "--lr -0.5"},
+      {{"--warmup-steps", "-1"}, "--warmup-steps -1"},
+      {{"--seed", "-5"}, "--seed -5"},
+      {{"--precision", "fp16"}, "'fp16'"},
+      {{"--grad-sync", "sometimes"}, "'sometimes'"},
+      {{"--grad-sync", "replicate_on_last", "--strategy", "full_shard"}, "replicate_on_last"},
+      {{"--clip-grad", "-1"}, "--clip-grad -1"},
+      {{"--prefetch", "maybe"}, "'maybe'"},
+      {{"--threads", "-2"}, "--threads -2"},
+      {{"--timeout", "0"}, "--timeout 0"},
+      {{"--model", "huge"}, "'huge'"},
+      {{"--data", dir.file("missing.txt")}, dir.file("missing.txt")},
+      {{"--data", dir.file("empty.txt")}, "is empty"},
+      {{"--data", dir.file("short.txt"), "--seq-len", "32"}, "has 10 bytes"},
+      {{"--data", dir.path()}, "is not a regular file"},
+      {{"--metrics", "/nonexistent-dir/m.jsonl"}, "'/nonexistent-dir' does not exist"},
+      {{"--plot", dir.file("loss.jpg")}, "loss.jpg"},
+      {{"--plot", dir.file("loss.png")}, "gnuplot", {{"PATH", "/nonexistent"}}},
+      {{"--json"}, "--json only applies to --dry-run"},
+      {{"--no-such-flag"}, "--no-such-flag"},
+      // Under a launcher, flags must agree with the environment it set.
+      {{"--devices", "2"},
+       "--devices 2 contradicts",
+       {{"RANK", "0"},
+        {"WORLD_SIZE", "4"},
+        {"LOCAL_RANK", "0"},
+        {"LOCAL_WORLD_SIZE", "4"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", torchrun_port}}},
+  };
+  constexpr size_t kParallel = 4;
+  for (size_t begin = 0; begin < cases.size(); begin += kParallel) {
+    std::vector<std::unique_ptr<Process>> procs;
+    const size_t end = std::min(cases.size(), begin + kParallel);
+    for (size_t i = begin; i < end; ++i) {
+      std::vector<std::string> argv{kTrain};
+      argv.insert(argv.end(), cases[i].args.begin(), cases[i].args.end());
+      procs.push_back(std::make_unique<Process>(argv, cases[i].env));
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const ProcessResult r = procs[i - begin]->wait(30s);
+      std::string args;
+      for (const auto& a : cases[i].args) args += " " + a;
+      ASSERT_FALSE(r.timed_out) << args;
+      EXPECT_EQ(r.exit_code(), 2) << args << "\n" << r.output;
+      EXPECT_EQ(r.output.rfind("fsdp-train: error: ", 0), 0u) << args << "\n" << r.output;
+      EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << args << ": not one line\n" << r.output;
+      EXPECT_NE(r.output.find(cases[i].expect), std::string::npos)
+          << args << ": expected '" << cases[i].expect << "' in\n"
+          << r.output;
+    }
+  }
+  ::close(busy_fd);
+}

@@ -1,0 +1,108 @@
+// fsdp-train's model: a GPT-style decoder over bytes. Token and position embeddings, N pre-norm
+// blocks (causal self-attention with hand-written q/k/v/out projections, libtorch 1.13 having no
+// scaled_dot_product_attention; an MLP with GELU), a final LayerNorm and an LM head.
+// No dropout, so a run is deterministic. Each block is one FSDP unit (fsdp::Unit, see
+// NOTE [intercepting forward] in fsdp/sharded.h); embeddings, final norm and head form the root.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fsdp/sharded.h"
+#include "options.h"
+
+namespace fsdp_train {
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const ModelPreset& c) : n_heads(c.n_heads) {
+    const int64_t d = c.d_model;
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    q = register_module("q", torch::nn::Linear(d, d));
+    k = register_module("k", torch::nn::Linear(d, d));
+    v = register_module("v", torch::nn::Linear(d, d));
+    out = register_module("out", torch::nn::Linear(d, d));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc = register_module("fc", torch::nn::Linear(d, 4 * d));
+    proj = register_module("proj", torch::nn::Linear(4 * d, d));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attention(ln1(x));
+    return x + proj(torch::gelu(fc(ln2(x))));
+  }
+
+  // Causal multi-head self-attention: softmax(q k^T / sqrt(dh) + causal mask) v.
+  torch::Tensor attention(const torch::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), dh = C / n_heads;
+    auto heads = [&](const torch::Tensor& t) {
+      return t.view({B, T, n_heads, dh}).transpose(1, 2);  // [B, H, T, dh]
+    };
+    auto qh = heads(q(x)), kh = heads(k(x)), vh = heads(v(x));
+    auto scores = torch::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(double(dh)));
+    auto future =
+        torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+    auto y = torch::matmul(torch::softmax(scores, -1), vh);  // [B, H, T, dh]
+    return out(y.transpose(1, 2).contiguous().view({B, T, C}));
+  }
+
+  int64_t n_heads;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, out{nullptr}, fc{nullptr}, proj{nullptr};
+};
+
+// bytes [B, T] (int64) -> logits [B, T, 256]
+struct GPTImpl : torch::nn::Module {
+  explicit GPTImpl(const ModelPreset& c) {
+    tok = register_module("tok_emb", torch::nn::Embedding(kVocab, c.d_model));
+    pos = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      blocks.push_back(register_module("block" + std::to_string(i), fsdp::Unit<BlockImpl>(c)));
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, kVocab).bias(false)));
+    init_weights(c.n_layers);
+  }
+
+  torch::Tensor forward(torch::Tensor tokens) {
+    const int64_t T = tokens.size(1);
+    auto positions =
+        torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+    auto x = tok(tokens) + pos(positions);
+    for (auto& b : blocks) x = b(x);
+    return head(ln_f(x));
+  }
+
+  // GPT-2's initialisation: N(0, 0.02) weights, zero biases, and the projections that add into the
+  // residual stream (out, proj) scaled by 1/sqrt(2 * layers) so its variance stays put.
+  void init_weights(int64_t n_layers) {
+    torch::NoGradGuard no_grad;
+    const double residual_std = 0.02 / std::sqrt(2.0 * n_layers);
+    for (auto& p : named_parameters()) {
+      const std::string& name = p.key();
+      auto ends_with = [&](const std::string& s) {
+        return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+      };
+      if (name.find("ln") != std::string::npos) continue;  // LayerNorm: weight 1, bias 0
+      if (ends_with(".bias")) {
+        p.value().zero_();
+      } else if (ends_with("out.weight") || ends_with("proj.weight")) {
+        p.value().normal_(0.0, residual_std);
+      } else {
+        p.value().normal_(0.0, 0.02);
+      }
+    }
+  }
+
+  torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  std::vector<fsdp::Unit<BlockImpl>> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+
+}  // namespace fsdp_train

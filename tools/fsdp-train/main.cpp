@@ -1,0 +1,109 @@
+// fsdp-train: train a byte-level GPT with FSDP / HSDP on this machine or a cluster, the project's
+// end-to-end demo.
+//
+//   fsdp-train --devices 4 --strategy hybrid_shard --mesh 2,2 --model small --plot loss.png
+//   fsdp-train --devices 8 --mesh 2,4 --strategy hybrid_shard --dry-run
+//   torchrun --nproc-per-node 4 fsdp-train --strategy full_shard      (or srun, mpirun)
+//
+// The same program is supervisor and rank: started by hand with --devices N > 1 it validates every
+// flag, re-executes itself as N ranks and supervises them (fsdp::launch_self); started by a
+// launcher it is one rank. Exit status: 0 done, 2 invalid flags (nothing was started), 1 failure
+// while running (or the failed rank's status, from the supervisor).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "fsdp/cluster.h"
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
+#include "options.h"
+#include "train.h"
+
+namespace {
+
+// One line, always: fsdp-train's errors are meant to be read at a glance.
+int fail(int code, const std::string& message, const std::string& where = "") {
+  std::string line = message;
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::cerr << "fsdp-train: error: " << where << line << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp_train::TrainOptions o;
+  CLI::App app{
+      "fsdp-train: train a byte-level GPT with FSDP/HSDP (libtorch). With --devices N it starts\n"
+      "and supervises N ranks itself; under torchrun, srun or mpirun it is one rank of the job."};
+  fsdp_train::add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(2, std::string(e.what()) + " (see fsdp-train --help)");
+  }
+
+  // Usage errors: everything is checked here, before any process or thread starts.
+  fsdp::ClusterEnv env;
+  fsdp::LaunchOptions launch;
+  fsdp_train::TrainPlan plan;
+  try {
+    env = fsdp::detect_cluster(fsdp::current_environment());
+    launch.nproc_per_node = o.devices;
+    launch.num_nodes = o.num_nodes;
+    launch.node_rank = o.node_rank;
+    launch.master_addr = o.master_addr;
+    launch.master_port = o.master_port;
+    launch.threads = o.threads;
+    launch.name = "fsdp-train";
+    launch.devices_flag = "--devices";
+    const bool is_rank = env.kind != fsdp::ClusterKind::kSingle && !o.dry_run;
+    if (is_rank) {
+      // A launcher started us: the world comes from it; flags the user gave must agree with it.
+      // (--master-port 0 means "pick one", which the launcher did: not a contradiction.)
+      fsdp::GivenLaunchOptions given;
+      if (app.count("--devices")) given.devices = o.devices;
+      if (app.count("--num-nodes")) given.num_nodes = o.num_nodes;
+      if (app.count("--node-rank")) given.node_rank = o.node_rank;
+      if (app.count("--master-addr")) given.master_addr = o.master_addr;
+      if (app.count("--master-port") && o.master_port != 0) given.master_port = o.master_port;
+      fsdp::check_matches_environment(given, env);
+      plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
+    } else {
+      fsdp::validate(launch);
+      plan = fsdp_train::check_options(o, o.devices * o.num_nodes, o.devices);
+    }
+  } catch (const std::exception& e) {
+    return fail(2, fsdp::error_message(e));
+  }
+
+  try {
+    if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
+    if (env.kind == fsdp::ClusterKind::kSingle) {
+      // Supervisor of a multi-process job, or nullopt for a one-process job.
+      if (std::optional<int> code = fsdp::launch_self(argc, argv, launch)) return *code;
+    }
+  } catch (const std::exception& e) {
+    return fail(1, fsdp::error_message(e));
+  }
+  try {
+    return fsdp_train::run_training(o, plan);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    // Name the rank, unless the message already starts with it.
+    const std::string message = fsdp::error_message(e);
+    const std::string where = env.world_size > 1 && message.rfind("rank ", 0) != 0
+                                  ? fsdp::detail::cat("rank ", env.rank, ": ")
+                                  : std::string();
+    if (env.rank == 0 && !o.quiet && ::isatty(2)) std::cerr << "\n";  // leave the progress bar
+    return fail(1, message, where);
+  }
+}

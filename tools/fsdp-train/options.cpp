@@ -1,0 +1,355 @@
+// fsdp-train's flag table and validation (see options.h).
+#include "options.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/error.h"
+#include "plot.h"
+
+namespace fsdp_train {
+
+using fsdp::detail::cat;
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = {
+      {"tiny", 64, 2, 4, 64},
+      {"small", 256, 4, 4, 256},
+      {"medium", 512, 8, 8, 512},
+  };
+  return presets;
+}
+
+const char* const kCorpusDir = "/usr/share/common-licenses";
+
+const std::vector<std::string>& default_corpus_files() {
+  // Checked byte-identical in Debian 12 (bookworm) and 13 (trixie); GPL-2, LGPL-2.1 and others
+  // changed between them (the FSF's address), so they are left out. About 125 KiB in all.
+  static const std::vector<std::string> files = {
+      "Apache-2.0", "BSD", "CC0-1.0", "GFDL-1.3", "GPL-3", "LGPL-3", "MPL-1.1", "MPL-2.0",
+  };
+  return files;
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string preset_names() {
+  std::string s;
+  const auto& p = model_presets();
+  for (size_t i = 0; i < p.size(); ++i) {
+    s += (i == 0 ? "" : i + 1 == p.size() ? " or " : ", ") + p[i].name;
+  }
+  return s;
+}
+
+std::string preset_help() {
+  std::string s = "model preset: ";
+  const auto& p = model_presets();
+  for (size_t i = 0; i < p.size(); ++i) {
+    s += cat(i ? "; " : "", p[i].name, " (d ", p[i].d_model, ", ", p[i].n_layers, " blocks, ",
+             p[i].n_heads, " heads, context ", p[i].context, ")");
+  }
+  return s;
+}
+
+// The directory part of `path` ("." for a bare name).
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// An output file must be creatable: its directory exists and is writable, and it is no directory.
+void check_output_path(const char* flag, const std::string& path) {
+  FSDP_CHECK(!path.empty(), flag, " is empty; give a file name");
+  struct stat st {};
+  FSDP_CHECK(!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), flag, " '", path,
+             "' is a directory; give a file name");
+  const std::string dir = parent_of(path);
+  FSDP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " '", path,
+             "': directory '", dir, "' does not exist; create it first");
+  FSDP_CHECK(::access(dir.c_str(), W_OK) == 0, flag, " '", path, "': directory '", dir,
+             "' is not writable; choose another place");
+}
+
+// Size of a readable regular file, or an error naming the flag, the path and the reason.
+int64_t readable_size(const std::string& what, const std::string& path) {
+  struct stat st {};
+  FSDP_CHECK(::stat(path.c_str(), &st) == 0, what, " '", path, "' cannot be read (",
+             std::strerror(errno), "); give an existing text file");
+  FSDP_CHECK(S_ISREG(st.st_mode), what, " '", path, "' is not a regular file; give a text file");
+  FSDP_CHECK(::access(path.c_str(), R_OK) == 0, what, " '", path, "' cannot be read (",
+             std::strerror(errno), "); check its permissions");
+  return static_cast<int64_t>(st.st_size);
+}
+
+DataSource resolve_data(const TrainOptions& o) {
+  DataSource d;
+  const int64_t need = o.seq_len + 1;  // one sequence and its shifted targets
+  if (!o.data.empty()) {
+    d.files = {o.data};
+    d.bytes = readable_size("--data", o.data);
+    d.label = o.data;
+    FSDP_CHECK(d.bytes > 0, "--data '", o.data, "' is empty; give a text file of at least ", need,
+               " bytes (--seq-len ", o.seq_len, " + 1)");
+    FSDP_CHECK(d.bytes >= need, "--data '", o.data, "' has ", d.bytes, " bytes, fewer than the ",
+               need, " one sequence needs (--seq-len ", o.seq_len,
+               " + 1); use a longer file or a smaller --seq-len");
+    return d;
+  }
+  for (const auto& name : default_corpus_files()) {
+    const std::string path = cat(kCorpusDir, "/", name);
+    struct stat st {};
+    FSDP_CHECK(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), "the default corpus needs ",
+               path,
+               " (Debian package base-files), which is "
+               "missing on this machine; pass --data FILE with any text file");
+    d.files.push_back(path);
+    d.bytes += static_cast<int64_t>(st.st_size);
+  }
+  d.label = cat("default corpus, ", d.files.size(), " license texts in ", kCorpusDir);
+  FSDP_CHECK(d.bytes >= need, "the default corpus has only ", d.bytes,
+             " bytes, fewer than --seq-len ", o.seq_len,
+             " + 1; pass --data FILE or a smaller --seq-len");
+  return d;
+}
+
+}  // namespace
+
+void add_flags(CLI::App& app, TrainOptions& o) {
+  // A flag given twice takes its last value, so a script can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  const char* launch = "Launch";
+  app.add_option("--devices", o.devices, "ranks (processes) to start on this node")->group(launch);
+  app.add_option("--num-nodes", o.num_nodes, "nodes in the job; world size = devices x num-nodes")
+      ->group(launch);
+  app.add_option("--node-rank", o.node_rank, "this node's index, 0 .. num-nodes-1")->group(launch);
+  app.add_option("--master-addr", o.master_addr, "host of rank 0's rendezvous store (node 0)")
+      ->group(launch);
+  app.add_option("--master-port", o.master_port,
+                 "port of rank 0's rendezvous store; 0 = pick a free one (single node only)")
+      ->group(launch);
+
+  const char* sharding = "Sharding";
+  app.add_option("--strategy", o.strategy,
+                 "full_shard | shard_grad_op | no_shard | hybrid_shard | hybrid_shard_zero2 "
+                 "(any case)")
+      ->group(sharding);
+  app.add_option("--mesh", o.mesh,
+                 "device mesh (replicate R, shard S), e.g. 2,4 or -1,4; empty = the strategy's "
+                 "default (hybrid: shard inside each node, replicate across nodes)")
+      ->type_name("R,S")
+      ->group(sharding);
+  app.add_option("--precision", o.precision,
+                 "fp32 | bf16-mixed (bf16 compute and gradient reduction, fp32 master weights "
+                 "and optimizer state)")
+      ->group(sharding);
+  app.add_option("--grad-sync", o.grad_sync,
+                 "gradient communication on micro-steps 1..K-1 of --grad-accum K: every | local "
+                 "(none until the last) | replicate_on_last (hybrid: skip the replica all-reduce)")
+      ->group(sharding);
+  app.add_option("--prefetch", o.prefetch,
+                 "on | off: all-gather the next unit's parameters while this one computes")
+      ->group(sharding);
+
+  const char* model = "Model and data";
+  app.add_option("--model", o.model, preset_help())->group(model);
+  app.add_option("--data", o.data,
+                 cat("training text, read as bytes (vocabulary 256); empty = the default "
+                     "corpus, license texts from ",
+                     kCorpusDir))
+      ->type_name("FILE")
+      ->group(model);
+
+  const char* optim = "Optimisation";
+  app.add_option("--steps", o.steps, "optimizer steps")->group(optim);
+  app.add_option("--global-batch", o.global_batch,
+                 "sequences per optimizer step over all ranks; the world size must divide it")
+      ->group(optim);
+  app.add_option("--seq-len", o.seq_len, "tokens (bytes) per sequence; at most the model's context")
+      ->group(optim);
+  app.add_option("--grad-accum", o.grad_accum,
+                 "micro-steps per optimizer step (K); must divide the sequences per rank")
+      ->group(optim);
+  app.add_option("--lr", o.lr,
+                 "peak learning rate of AdamW: linear warm-up, then cosine decay to 10% of it")
+      ->group(optim);
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of linear learning-rate warm-up")
+      ->group(optim);
+  app.add_option("--clip-grad", o.clip_grad, "clip the global gradient L2 norm to this; 0 = off")
+      ->group(optim);
+  app.add_option("--seed", o.seed,
+                 "seeds model init and batch sampling: the same seed gives the same batches and "
+                 "loss curve on any mesh and strategy")
+      ->group(optim);
+
+  const char* runtime = "Runtime";
+  app.add_option("--threads", o.threads,
+                 "intra-op threads per rank; 0 = OMP_NUM_THREADS if set, else cores / devices")
+      ->group(runtime);
+  app.add_option("--timeout", o.timeout,
+                 "seconds a rank waits for its peers (rendezvous, collectives) before failing")
+      ->group(runtime);
+
+  const char* output = "Output";
+  app.add_option("--metrics", o.metrics,
+                 "write JSON Lines from rank 0, one object per optimizer step: step, loss (mean "
+                 "over the global batch), lr, step_time_s (slowest rank), tokens_per_s (global "
+                 "batch / step_time_s), and the largest over ranks of sharded_state_bytes, "
+                 "peak_rss_bytes and comm_bytes {shard, replicate, world} (payload one rank "
+                 "issued in the step)")
+      ->type_name("FILE")
+      ->group(output);
+  app.add_option("--plot", o.plot, "draw the loss curve into this PNG at the end (needs gnuplot)")
+      ->type_name("FILE.png")
+      ->group(output);
+  app.add_flag("--dry-run", o.dry_run,
+               "print the topology report (mesh, groups, communication, memory per rank) and "
+               "exit; starts no processes")
+      ->group(output);
+  app.add_flag("--json", o.json, "with --dry-run: print the report as one JSON object")
+      ->group(output);
+  app.add_flag("--quiet", o.quiet, "no progress output (banner and summary stay)")->group(output);
+
+  // Every option shows its default in --help, taken from TrainOptions above.
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_min() > 0) opt->capture_default_str();
+  }
+}
+
+TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local_world_size) {
+  TrainPlan p;
+  p.world_size = world_size;
+  p.local_world_size = local_world_size;
+
+  bool found = false;
+  for (const auto& m : model_presets()) {
+    if (m.name == lower(o.model)) {
+      p.preset = m;
+      found = true;
+    }
+  }
+  FSDP_CHECK(found, "--model '", o.model, "' is not a preset; use ", preset_names());
+  FSDP_CHECK(o.steps >= 1, "--steps ", o.steps, " is invalid; use 1 or more");
+  FSDP_CHECK(o.global_batch >= 1, "--global-batch ", o.global_batch, " is invalid; use 1 or more");
+  FSDP_CHECK(o.seq_len >= 1 && o.seq_len <= p.preset.context, "--seq-len ", o.seq_len,
+             " is outside 1..", p.preset.context, " (the context of --model ", p.preset.name,
+             "); use a value in that range");
+  FSDP_CHECK(o.grad_accum >= 1, "--grad-accum ", o.grad_accum, " is invalid; use 1 or more");
+  FSDP_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr ", o.lr,
+             " is invalid; use a positive learning rate such as 1e-3");
+  FSDP_CHECK(o.warmup_steps >= 0, "--warmup-steps ", o.warmup_steps, " is invalid; use 0 or more");
+  FSDP_CHECK(std::isfinite(o.clip_grad) && o.clip_grad >= 0, "--clip-grad ", o.clip_grad,
+             " is invalid; use a positive norm, or 0 to turn clipping off");
+  FSDP_CHECK(o.seed >= 0, "--seed ", o.seed, " is invalid; use 0 or more");
+  FSDP_CHECK(o.threads >= 0, "--threads ", o.threads, " is invalid; use 1 or more (0 = auto)");
+  FSDP_CHECK(std::isfinite(o.timeout) && o.timeout > 0 && o.timeout <= 7 * 24 * 3600, "--timeout ",
+             o.timeout, " is invalid; use seconds in (0, 604800], e.g. 300");
+
+  const std::string precision = lower(o.precision);
+  FSDP_CHECK(precision == "fp32" || precision == "bf16-mixed", "--precision '", o.precision,
+             "' is unknown; use fp32 or bf16-mixed");
+  p.bf16 = precision == "bf16-mixed";
+  const std::string prefetch = lower(o.prefetch);
+  FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
+             "' is unknown; use on or off");
+
+  // The library's parsers name the value and list the choices; prefix the flag.
+  auto flag_error = [](const char* flag, const std::exception& e) {
+    return fsdp::Error(cat(flag, ": ", e.what()));
+  };
+  try {
+    p.strategy.sharding_strategy(o.strategy);
+  } catch (const fsdp::Error& e) {
+    throw flag_error("--strategy", e);
+  }
+  try {
+    p.strategy.grad_sync(fsdp::parse_grad_sync(o.grad_sync));
+  } catch (const fsdp::Error& e) {
+    throw flag_error("--grad-sync", e);
+  }
+  if (!o.mesh.empty()) {
+    try {
+      p.strategy.device_mesh(fsdp::parse_mesh_shape(o.mesh));
+    } catch (const fsdp::Error& e) {
+      throw flag_error("--mesh", e);
+    }
+  }
+  if (p.bf16) p.strategy.mixed_precision(fsdp::MixedPrecision::bf16());
+  p.strategy.forward_prefetch(prefetch == "on").backward_prefetch(prefetch == "on");
+  p.strategy.timeout(std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
+  try {
+    p.sharding = fsdp::plan_sharding(p.strategy, world_size, local_world_size);
+  } catch (const fsdp::Error& e) {
+    std::string flags = cat("--strategy ", o.strategy);
+    if (!o.mesh.empty()) flags += cat(" --mesh ", o.mesh);
+    if (p.strategy.grad_sync() != fsdp::GradSync::kEveryMicroStep) {
+      flags += cat(" --grad-sync ", o.grad_sync);
+    }
+    throw fsdp::Error(cat(flags, " on world size ", world_size, ": ", e.what()));
+  }
+
+  FSDP_CHECK(o.global_batch % world_size == 0, "--global-batch ", o.global_batch,
+             " does not split evenly over world size ", world_size, "; use a multiple of ",
+             world_size, ", e.g. ", (o.global_batch / world_size + 1) * world_size);
+  p.per_rank_batch = o.global_batch / world_size;
+  FSDP_CHECK(p.per_rank_batch % o.grad_accum == 0, "--global-batch ", o.global_batch, " gives ",
+             p.per_rank_batch, " sequences per rank (world size ", world_size,
+             "), which --grad-accum ", o.grad_accum,
+             " does not divide; use a --grad-accum that "
+             "divides ",
+             p.per_rank_batch, " or a --global-batch that is a multiple of ",
+             world_size * o.grad_accum);
+  p.micro_batch = p.per_rank_batch / o.grad_accum;
+
+  FSDP_CHECK(!o.json || o.dry_run,
+             "--json only applies to --dry-run; add --dry-run or drop --json");
+  if (!o.metrics.empty()) check_output_path("--metrics", o.metrics);
+  if (!o.plot.empty()) {
+    check_output_path("--plot", o.plot);
+    const std::string ext = ".png";
+    FSDP_CHECK(
+        o.plot.size() > ext.size() && lower(o.plot.substr(o.plot.size() - ext.size())) == ext,
+        "--plot '", o.plot, "' is not a .png file name; plots are PNG, e.g. --plot loss.png");
+    FSDP_CHECK(!fsdp_plot::find_gnuplot().empty(),
+               "--plot needs gnuplot, which is not in PATH; install it "
+               "(apt-get install gnuplot-nox, or make setup) or drop --plot");
+  }
+  p.data = resolve_data(o);
+  return p;
+}
+
+std::string read_corpus(const DataSource& data) {
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(data.bytes));
+  for (const auto& path : data.files) {
+    std::ifstream in(path, std::ios::binary);
+    FSDP_CHECK(in, "cannot open '", path, "': ", std::strerror(errno));
+    std::ostringstream os;
+    os << in.rdbuf();
+    bytes += os.str();
+  }
+  FSDP_CHECK(static_cast<int64_t>(bytes.size()) == data.bytes,
+             "training data changed while "
+             "starting: expected ",
+             data.bytes, " bytes from ", data.label, ", read ", bytes.size());
+  return bytes;
+}
+
+}  // namespace fsdp_train

@@ -1,0 +1,428 @@
+// fsdp-train's training loop and dry run (see train.h): data sampling, the learning-rate schedule,
+// gradient accumulation, metrics, progress and the end-of-run summary.
+#include "train.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "fsdp/error.h"
+#include "fsdp/report.h"
+#include "fsdp/runtime.h"
+#include "fsdp/sharded.h"
+#include "gpt.h"
+#include "plot.h"
+
+namespace fsdp_train {
+
+using fsdp::detail::cat;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t count_params(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// "3.41 M", "12.5 k", "640".
+std::string human(double n) {
+  char buf[32];
+  if (n >= 1e9) {
+    std::snprintf(buf, sizeof(buf), "%.2f G", n / 1e9);
+  } else if (n >= 1e6) {
+    std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
+  } else if (n >= 1e3) {
+    std::snprintf(buf, sizeof(buf), "%.1f k", n / 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.0f", n);
+  }
+  return buf;
+}
+
+std::string clock_time(double s) {
+  const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
+  char buf[32];
+  if (t >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t / 60 % 60), static_cast<long long>(t % 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(t / 60),
+                  static_cast<long long>(t % 60));
+  }
+  return buf;
+}
+
+// Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "... kB"
+  }
+  return 0;
+}
+
+// Linear warm-up to the peak over warmup_steps, then cosine decay to 10% of it at the last step.
+double lr_at(const TrainOptions& o, int64_t step) {
+  if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
+  const int64_t decay_steps = o.steps - o.warmup_steps;
+  if (decay_steps <= 1) return o.lr;
+  const double t = double(step - o.warmup_steps) / double(decay_steps - 1);
+  return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t)));
+}
+
+// NOTE [batch sampling]
+// Every rank draws the whole global batch of every step from one RNG seeded by --seed alone and
+// keeps its contiguous slice: rank r takes sequences [r*B, (r+1)*B) of the G drawn (B = G/W), and
+// micro-step k of --grad-accum K takes [k*B/K, (k+1)*B/K) of those. The global batch, hence the
+// mean loss and the gradient, is the same for every world size, mesh and strategy. mt19937_64's
+// output is fixed by the C++ standard (unlike std::uniform_int_distribution), so it is the same
+// on every machine too.
+class BatchSampler {
+ public:
+  BatchSampler(int64_t seed, int64_t data_bytes, int64_t seq_len, int64_t global_batch)
+      : rng_(static_cast<uint64_t>(seed) ^ 0x9e3779b97f4a7c15ULL),
+        starts_(data_bytes - seq_len),
+        global_batch_(global_batch) {}
+  // Start offsets of the next step's global batch: each sequence is data[o, o + seq_len] inclusive
+  // (inputs and their shifted targets).
+  std::vector<int64_t> next() {
+    std::vector<int64_t> offsets(global_batch_);
+    for (auto& o : offsets) o = static_cast<int64_t>(rng_() % static_cast<uint64_t>(starts_));
+    return offsets;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  int64_t starts_;
+  int64_t global_batch_;
+};
+
+// tokens [count, seq_len + 1] (int64) of the sequences offsets[begin, begin + count).
+torch::Tensor batch_tokens(const torch::Tensor& data, const std::vector<int64_t>& offsets,
+                           int64_t begin, int64_t count, int64_t seq_len) {
+  auto starts = torch::tensor(
+      std::vector<int64_t>(offsets.begin() + begin, offsets.begin() + begin + count), torch::kLong);
+  auto index = starts.unsqueeze(1) + torch::arange(seq_len + 1, torch::kLong).unsqueeze(0);
+  return data.index({index}).to(torch::kLong);
+}
+
+fsdp::ReportOptions report_options(const TrainOptions& o, const TrainPlan& p) {
+  auto r = fsdp::ReportOptions::for_strategy(p.strategy);
+  r.grad_accum = o.grad_accum;
+  r.clip = o.clip_grad > 0;
+  r.optimizer_states = 2;  // AdamW: exp_avg, exp_avg_sq
+  return r;
+}
+
+std::string mesh_string(const fsdp::ShardingPlan& s) {
+  return cat("(", s.replicate_size(), ", ", s.shard_size(), ")");
+}
+
+// Rank 0's live progress: a bar redrawn in place on a terminal, else a line every ~10% of steps.
+class Progress {
+ public:
+  Progress(int64_t steps, bool enabled) : steps_(steps), enabled_(enabled), tty_(::isatty(2)) {}
+
+  void update(int64_t step, double loss, double tokens_per_s, double elapsed_s) {
+    if (!enabled_) return;
+    const double eta = elapsed_s / double(step) * double(steps_ - step);
+    char stats[160];
+    std::snprintf(stats, sizeof(stats), "step %lld/%lld  loss %.4f  %s tokens/s  ETA %s",
+                  static_cast<long long>(step), static_cast<long long>(steps_), loss,
+                  human(tokens_per_s).c_str(), clock_time(eta).c_str());
+    if (tty_) {
+      constexpr int64_t kWidth = 24;
+      const int64_t filled = kWidth * step / steps_;
+      std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '.') + "]";
+      std::fprintf(stderr, "\r%s %s   ", bar.c_str(), stats);  // trailing blanks erase old text
+      if (step == steps_) std::fprintf(stderr, "\n");
+    } else {
+      const int64_t every = std::max<int64_t>(1, steps_ / 10);
+      if (step == 1 || step % every == 0 || step == steps_) std::fprintf(stderr, "%s\n", stats);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  int64_t steps_;
+  bool enabled_;
+  bool tty_;
+};
+
+// What every rank contributes to the per-step metrics, gathered on rank 0's side by all_gather.
+enum Stat : int64_t {
+  kLoss,           // this rank's mean loss over its slice of the global batch
+  kStepTime,       // seconds
+  kShardedState,   // parameter + gradient shards + optimizer state, bytes
+  kGatheredPeak,   // gathered parameters and unsharded gradients at peak, bytes
+  kPeakRss,        // VmHWM, bytes
+  kCommShard,      // payload issued this step on the shard group, bytes
+  kCommReplicate,  // ... on the replicate group
+  kCommWorld,      // ... on the world group (not counting these metrics)
+  kNumStats,
+};
+
+struct StepRecord {
+  double loss = 0, lr = 0, step_time_s = 0, tokens_per_s = 0;
+  double max[kNumStats] = {};  // largest over ranks
+};
+
+// The settings every rank must agree on; a node started with other flags fails fast.
+std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
+  return cat("model ", p.preset.name, " steps ", o.steps, " global-batch ", o.global_batch,
+             " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " warmup ",
+             o.warmup_steps, " clip ", o.clip_grad, " seed ", o.seed, " data ", p.data.bytes,
+             " bytes; ", p.strategy.describe());
+}
+
+void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
+                   const fsdp::TopologyReport& report, double total_s) {
+  // Throughput leaves out step 1 (allocations, first touch of memory) unless it is the only one.
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  double time = 0;
+  for (size_t i = first; i < steps.size(); ++i) time += steps[i].step_time_s;
+  const double mean_step = time / double(steps.size() - first);
+  const int64_t tokens_per_step = o.global_batch * o.seq_len;
+  double peak[kNumStats] = {}, mean[kNumStats] = {};
+  for (const auto& s : steps) {
+    for (int64_t k = 0; k < kNumStats; ++k) {
+      peak[k] = std::max(peak[k], s.max[k]);
+      mean[k] += s.max[k] / double(steps.size());
+    }
+  }
+  const double replica = double(report.replica.total());
+  auto row = [](const std::string& key, const std::string& value) {
+    std::printf("  %-22s %s\n", key.c_str(), value.c_str());
+  };
+  std::printf("\nfsdp-train summary: %zu steps in %.1f s, %s on mesh %s, world %lld\n",
+              steps.size(), total_s, fsdp::to_string(p.sharding.strategy),
+              mesh_string(p.sharding).c_str(), static_cast<long long>(p.world_size));
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%.4f (step 1: %.4f; mean over the global batch)",
+                steps.back().loss, steps.front().loss);
+  row("final loss", buf);
+  std::snprintf(buf, sizeof(buf), "%s tokens/s (%.3f s per step of %lld tokens)",
+                human(double(tokens_per_step) / mean_step).c_str(), mean_step,
+                static_cast<long long>(tokens_per_step));
+  row("throughput", buf);
+  std::printf("  memory per rank (largest rank)\n");
+  row("  sharded state", cat(fsdp::format_bytes(peak[kShardedState]),
+                             " (parameter and gradient shards, AdamW state)"));
+  row("  one replica", cat(fsdp::format_bytes(replica), " (the same unsharded, as DDP keeps it)"));
+  if (peak[kShardedState] > 0) {
+    std::snprintf(buf, sizeof(buf), "%.2fx less", replica / peak[kShardedState]);
+    row("  saving", buf);
+  }
+  row("  gathered peak", cat(fsdp::format_bytes(peak[kGatheredPeak]),
+                             " (unsharded parameters and gradients held at once)"));
+  row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
+  std::printf("  communication per step (payload one rank issues; largest rank, mean of steps)\n");
+  const auto& c = report.comm;
+  row("  shard group", cat(fsdp::format_bytes(mean[kCommShard]), "  (plan: ",
+                           fsdp::format_bytes(double(c.shard_all_gather + c.shard_reduce_scatter +
+                                                     c.shard_all_reduce)),
+                           ")"));
+  row("  replicate group", cat(fsdp::format_bytes(mean[kCommReplicate]), "  (plan: ",
+                               fsdp::format_bytes(double(c.replicate_all_reduce)), ")"));
+  row("  world group", fsdp::format_bytes(mean[kCommWorld]));
+  if (!o.metrics.empty()) row("metrics", o.metrics);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
+  auto net = std::make_shared<GPTImpl>(p.preset);
+  const auto units = fsdp::plan_units(*net, p.strategy.auto_wrap_policy(), p.sharding.shard_size());
+  const auto report =
+      fsdp::make_topology_report(p.sharding, p.local_world_size, units, report_options(o, p));
+  if (o.json) {
+    std::cout << report.to_json() << "\n";
+  } else {
+    std::cout << "fsdp-train --dry-run: model " << p.preset.name << " ("
+              << human(double(report.total_params)) << " parameters), global batch "
+              << o.global_batch << " x " << o.seq_len << " bytes: " << p.per_rank_batch
+              << " sequences per rank in " << o.grad_accum
+              << (o.grad_accum == 1 ? " micro-step" : " micro-steps") << "; nothing is started\n\n"
+              << report.to_text();
+  }
+  return 0;
+}
+
+int run_training(const TrainOptions& o, const TrainPlan& p) {
+  std::vector<StepRecord> records;
+  fsdp::TopologyReport report;
+  int64_t n_params = 0;
+  const auto start = Clock::now();
+  bool lead = false;
+  {
+    fsdp::RuntimeOptions ro;
+    ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
+    ro.threads = o.threads;
+    auto runtime = fsdp::Runtime::init(ro);
+    const int64_t rank = runtime->rank(), W = runtime->world_size();
+    FSDP_CHECK(W == p.world_size, "the job has ", W, " ranks but the flags were checked for ",
+               p.world_size, "; this is a bug in fsdp-train");
+    lead = rank == 0;
+    runtime->check_agreement("fsdp-train settings", settings_line(o, p));
+
+    const torch::Tensor data = [&] {
+      std::string bytes = read_corpus(p.data);
+      return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
+          .clone();
+    }();
+    torch::manual_seed(static_cast<uint64_t>(o.seed));
+    auto net = std::make_shared<GPTImpl>(p.preset);
+    n_params = count_params(*net);
+    auto model = fsdp::shard(net, p.strategy, runtime);
+    torch::optim::AdamW optimizer(
+        model.parameters(),
+        torch::optim::AdamWOptions(o.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.01));
+    report = fsdp::make_topology_report(model.plan(), p.local_world_size, model.units(),
+                                        report_options(o, p));
+    if (lead) {
+      std::printf(
+          "fsdp-train: %s, mesh %s = %lld %s x %lld-way sharding, world %lld = %lld %s "
+          "x %lld | model %s, %s params, %s | global batch %lld x %lld bytes, "
+          "grad-accum %lld, %lld steps | data: %s (%s)\n",
+          fsdp::to_string(p.sharding.strategy), mesh_string(p.sharding).c_str(),
+          static_cast<long long>(p.sharding.replicate_size()),
+          p.sharding.replicate_size() == 1 ? "replica" : "replicas",
+          static_cast<long long>(p.sharding.shard_size()), static_cast<long long>(W),
+          static_cast<long long>(W / p.local_world_size),
+          W / p.local_world_size == 1 ? "node" : "nodes",
+          static_cast<long long>(p.local_world_size), p.preset.name.c_str(),
+          human(double(n_params)).c_str(), p.bf16 ? "bf16-mixed" : "fp32",
+          static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
+          static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
+          p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());
+      for (const auto& w : p.sharding.warnings) std::printf("fsdp-train: warning: %s\n", w.c_str());
+      std::fflush(stdout);
+    }
+    std::ofstream metrics;
+    if (lead && !o.metrics.empty()) {
+      metrics.open(o.metrics, std::ios::out | std::ios::trunc);
+      FSDP_CHECK(metrics, "cannot write --metrics '", o.metrics, "': ", std::strerror(errno));
+    }
+
+    Progress progress(o.steps, lead && !o.quiet);
+    BatchSampler sampler(o.seed, p.data.bytes, o.seq_len, o.global_batch);
+    const int64_t K = o.grad_accum, T = o.seq_len;
+    const auto world = runtime->world();
+    const c10::Device device = runtime->device();  // cpu, or this rank's GPU with NCCL
+    const auto train_start = Clock::now();
+    for (int64_t step = 0; step < o.steps; ++step) {
+      const auto t0 = Clock::now();
+      const auto comm_before = model.comm_counters();
+      const std::vector<int64_t> offsets = sampler.next();
+      const double lr = lr_at(o, step);
+      for (auto& group : optimizer.param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      }
+      optimizer.zero_grad();
+      double loss_sum = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        auto tokens = batch_tokens(data, offsets, rank * p.per_rank_batch + k * p.micro_batch,
+                                   p.micro_batch, T)
+                          .to(device);
+        // Micro-steps before the last skip what --grad-sync allows (see NOTE [gradient
+        // averaging] in fsdp/sharded.h: the engine averages over ranks, we over micro-steps).
+        auto no_sync = model.no_sync(/*enabled=*/k + 1 < K);
+        auto logits = model(tokens.narrow(1, 0, T));
+        auto loss = torch::nn::functional::cross_entropy(
+            logits.to(torch::kFloat).reshape({-1, kVocab}), tokens.narrow(1, 1, T).reshape({-1}));
+        (loss / double(K)).backward();
+        loss_sum += loss.item<double>();
+      }
+      if (o.clip_grad > 0) model.clip_grad_norm(o.clip_grad);
+      optimizer.step();
+      const double step_time = seconds_since(t0);
+
+      // Per-step metrics: one all_gather of a few numbers per rank on the world group.
+      const auto comm_after = model.comm_counters();
+      const auto mem = model.memory_stats(&optimizer);
+      auto mine = torch::zeros({kNumStats}, torch::kDouble);
+      auto m = mine.accessor<double, 1>();
+      m[kLoss] = loss_sum / double(K);
+      m[kStepTime] = step_time;
+      m[kShardedState] = double(mem.sharded_state_bytes());
+      m[kGatheredPeak] = double(mem.unsharded_peak_bytes);
+      m[kPeakRss] = double(peak_rss_bytes());
+      for (size_t g = 0; g < comm_after.size(); ++g) {
+        const double bytes = double((comm_after[g].second - comm_before[g].second).total_bytes());
+        const std::string& kind = comm_after[g].first;
+        if (kind == "shard") m[kCommShard] = bytes;
+        if (kind == "replicate") m[kCommReplicate] = bytes;
+        if (kind == "world") m[kCommWorld] = bytes;
+      }
+      // On the runtime's device: NCCL gathers only CUDA tensors.
+      auto all = torch::zeros({W * kNumStats}, torch::TensorOptions(torch::kDouble).device(device));
+      world->all_gather(all, mine.to(device))->wait();
+      auto a = all.cpu().view({W, kNumStats});
+      StepRecord rec;
+      rec.loss = a.select(1, kLoss).sum().item<double>() / double(W);  // equal slices: mean
+      rec.lr = lr;
+      auto largest = std::get<0>(a.max(0));
+      for (int64_t k = 0; k < kNumStats; ++k) rec.max[k] = largest[k].item<double>();
+      rec.step_time_s = rec.max[kStepTime];
+      rec.tokens_per_s = double(o.global_batch * T) / std::max(rec.step_time_s, 1e-9);
+      // rec.loss is the same number on every rank, so every rank stops here together.
+      FSDP_CHECK(std::isfinite(rec.loss), "the loss is ", rec.loss, " at step ", step + 1,
+                 "; training diverged: lower --lr (", o.lr, ") or enable --clip-grad");
+      records.push_back(rec);
+      if (!lead) continue;
+      if (metrics.is_open()) {
+        nlohmann::ordered_json j;
+        j["step"] = step + 1;
+        j["loss"] = rec.loss;
+        j["lr"] = rec.lr;
+        j["step_time_s"] = rec.step_time_s;
+        j["tokens_per_s"] = rec.tokens_per_s;
+        j["sharded_state_bytes"] = static_cast<int64_t>(rec.max[kShardedState]);
+        j["peak_rss_bytes"] = static_cast<int64_t>(rec.max[kPeakRss]);
+        j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
+                           {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
+                           {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
+        metrics << j.dump() << "\n";
+        metrics.flush();  // a crash mid-run leaves every finished step readable
+        FSDP_CHECK(metrics, "writing --metrics '", o.metrics, "' failed: ", std::strerror(errno));
+      }
+      progress.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start));
+    }
+  }  // every rank leaves the job here (Runtime's destructor waits for the others)
+
+  if (!lead) return 0;
+  print_summary(o, p, records, report, seconds_since(start));
+  if (!o.plot.empty()) {
+    fsdp_plot::LossCurve curve;
+    curve.label = cat(fsdp::to_string(p.sharding.strategy), " ", mesh_string(p.sharding));
+    for (size_t i = 0; i < records.size(); ++i) {
+      curve.steps.push_back(static_cast<int64_t>(i + 1));
+      curve.losses.push_back(records[i].loss);
+    }
+    fsdp_plot::plot_losses({curve}, o.plot,
+                           cat("fsdp-train: model ", p.preset.name, ", ", human(double(n_params)),
+                               " parameters, world ", p.world_size));
+    std::printf("  %-22s %s\n", "plot", o.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace fsdp_train

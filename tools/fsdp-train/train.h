@@ -1,0 +1,17 @@
+// fsdp-train's two modes once the flags are valid: the dry run (topology report, in-process) and
+// training (one rank of the job; the supervisor has already started the others).
+#pragma once
+
+#include "options.h"
+
+namespace fsdp_train {
+
+// Prints the topology report for plan.world_size ranks (text, or JSON with --json). Returns 0.
+int run_dry_run(const TrainOptions& o, const TrainPlan& plan);
+
+// Joins the job (fsdp::Runtime::init), shards the GPT, trains o.steps optimizer steps; rank 0
+// prints the banner, progress and summary and writes --metrics and --plot. Returns 0; throws on
+// failure.
+int run_training(const TrainOptions& o, const TrainPlan& plan);
+
+}  // namespace fsdp_train
