@@ -1,5 +1,6 @@
 // fsdp-train end to end, as real processes: the same seed gives the same per-step losses on one
-// process (NO_SHARD), a 2x2 HYBRID_SHARD mesh and 4-way FULL_SHARD (with gradient accumulation);
+// process (NO_SHARD), a 2x2 HYBRID_SHARD mesh, 4-way FULL_SHARD (with gradient accumulation),
+// 2-way SHARD_GRAD_OP and a 4x1 HYBRID_SHARD_ZERO2 mesh;
 // well-formed --metrics; --dry-run --json; --help; plots (fsdp-train --plot, fsdp-plot); and
 // every kind of bad input, each failing with exit status 2 and one line before anything starts.
 #include <arpa/inet.h>
@@ -132,6 +133,11 @@ TEST(Train, SameLossesOnEveryMeshAndStrategy) {
        {"--devices", "4", "--strategy", "HYBRID_SHARD", "--mesh", "2,2", "--grad-accum", "2",
         "--grad-sync", "replicate_on_last"}},
       {"w4_full_shard", {"--devices", "4", "--strategy", "full_shard", "--grad-accum", "2"}},
+      // The two remaining strategies, so every one trains end to end.
+      {"w2_shard_grad_op", {"--devices", "2", "--strategy", "shard_grad_op"}},
+      {"w4_hybrid_zero2_4x1",
+       {"--devices", "4", "--strategy", "hybrid_shard_zero2", "--mesh", "4,1", "--grad-accum", "2",
+        "--grad-sync", "local"}},
   };
   std::vector<std::vector<double>> losses;
   for (const auto& run_ : runs) {
