@@ -18,9 +18,8 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 echo "== PyTorch DDP (python)"
-python3 -m torch.distributed.run --nproc-per-node "$devices" --master-port 29611 \
-  "$here/ddp_peer.py" --model "$model" --steps "$steps" --global-batch "$batch" --seq-len "$seq" 2>&1 |
-  grep ddp_peer:
+python3 "$here/ddp_peer.py" --nproc "$devices" --model "$model" --steps "$steps" \
+  --global-batch "$batch" --seq-len "$seq" 2>&1 | grep ddp_peer:
 for strategy in no_shard hybrid_shard full_shard; do
   extra=""
   case $strategy in hybrid*) extra="--mesh 2,$((devices / 2))" ;; esac

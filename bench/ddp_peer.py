@@ -4,12 +4,16 @@ The same byte-level GPT as tools/fsdp-train/gpt.h (same presets, layers, initial
 same AdamW (betas 0.9/0.95, weight decay 0.01), clipping at 1.0, global batch split evenly over
 the ranks, Gloo on CPU. Prints the median seconds per step of steps 3..N from rank 0.
 
-    torchrun --nproc-per-node 4 bench/ddp_peer.py --model small --steps 12 --global-batch 16 --seq-len 128
+    python3 bench/ddp_peer.py --nproc 4 --model small --steps 12 --global-batch 16 --seq-len 128
+
+It starts its own ranks (torch.multiprocessing, FileStore rendezvous): Debian's PyTorch 2.6 has
+no libuv, which torchrun's rendezvous insists on.
 """
 import argparse
 import math
 import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -83,14 +87,22 @@ def corpus():
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--model", default="small", choices=PRESETS)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.multiprocessing.spawn(worker, args=(args, os.path.join(tmp, "store")),
+                                    nprocs=args.nproc)
+
+
+def worker(rank, args, store_path):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
+                            world_size=args.nproc)
+    world = args.nproc
     torch.manual_seed(1234)
     model = nn.parallel.DistributedDataParallel(GPT(*PRESETS[args.model]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)

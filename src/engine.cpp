@@ -562,12 +562,15 @@ void Engine::complete_reduce(UnitState& u) {
   if (p.replicate_deferred) {
     u.partial = u.partial.defined() ? u.partial.add_(p.output) : p.output;
   } else {
-    at::Tensor g = p.output.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    g.div_(post_divide_);
-    if (u.shard.grad().defined()) {
-      u.shard.mutable_grad().add_(g);
+    // One pass over the gradient: scale into a fresh .grad, or accumulate scaled.
+    torch::NoGradGuard no_grad;
+    at::Tensor& grad = u.shard.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(p.output, 1.0 / post_divide_);
+    } else if (p.output.scalar_type() == at::kFloat) {
+      grad = p.output.div_(post_divide_);  // the reduced buffer is ours alone now
     } else {
-      u.shard.mutable_grad() = g;
+      grad = p.output.to(at::kFloat).div_(post_divide_);
     }
   }
   u.pending.reset();
@@ -610,9 +613,11 @@ torch::OrderedDict<std::string, at::Tensor> Engine::named_parameters() const {
 
 double Engine::clip_grad_norm(double max_norm) {
   FSDP_CHECK(max_norm > 0, "clip_grad_norm: max_norm ", max_norm, " must be positive");
+  // Per-unit norms in fp32 (one pass each, as torch::nn::utils::clip_grad_norm_ computes them),
+  // combined in double.
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(runtime_->device()));
   for (const auto& u : units_) {
-    if (u->shard.grad().defined()) sumsq += u->shard.grad().to(at::kDouble).pow(2).sum();
+    if (u->shard.grad().defined()) sumsq += u->shard.grad().norm().to(at::kDouble).pow(2);
   }
   // Replicas hold identical shards after the replicate all-reduce: sum over the shard group only.
   if (S_ > 1) shard_group_->all_reduce(sumsq)->wait();

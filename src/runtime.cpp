@@ -98,6 +98,28 @@ std::string local_address_towards(const std::string& host, int port) {
   return result;
 }
 
+// c10d logs every retry of a failing connection through glog (a line a second, after a "Logging
+// before InitGoogleLogging" banner), and the error we throw already carries the reason: keep
+// glog quiet while a rank connects to the store. A no-op where libtorch does not log via glog.
+class QuietGlog {
+ public:
+  QuietGlog() : level_(static_cast<int*>(dlsym(RTLD_DEFAULT, "_ZN3fLI17FLAGS_minloglevelE"))) {
+    if (level_) {
+      saved_ = *level_;
+      *level_ = 3;  // FATAL only
+    }
+  }
+  ~QuietGlog() {
+    if (level_) *level_ = saved_;
+  }
+  QuietGlog(const QuietGlog&) = delete;
+  QuietGlog& operator=(const QuietGlog&) = delete;
+
+ private:
+  int* level_;
+  int saved_ = 0;
+};
+
 std::string seconds(std::chrono::milliseconds ms) {
   return detail::cat(static_cast<double>(ms.count()) / 1000.0, " s");
 }
@@ -238,6 +260,7 @@ std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptio
   opts.waitWorkers = false;  // our own join (RuntimeFactory::finish) names the missing ranks
   opts.timeout = options.timeout;
   try {
+    QuietGlog quiet;
     impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     const std::string reason = error_message(e);
