@@ -15,6 +15,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #if defined(FSDP_WITH_CUDA)
+// ProcessGroupNCCL.hpp is empty unless USE_C10D_NCCL is defined; CUDA builds of libtorch export
+// it, but not every packaging does.
+#if !defined(USE_C10D_NCCL)
+#define USE_C10D_NCCL
+#endif
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
