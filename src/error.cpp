@@ -1,3 +1,4 @@
+// One-line messages from any exception (see fsdp/error.h).
 #include "fsdp/error.h"
 
 #include <c10/util/Exception.h>

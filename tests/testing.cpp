@@ -1,3 +1,4 @@
+// Test helpers (see testing.h): thread ranks over a shared HashStore, child processes with deadlines.
 #include "testing.h"
 
 #include <arpa/inet.h>
