@@ -114,6 +114,18 @@ void Engine::build() {
   const auto& mp = strategy_.mixed_precision();
   param_dtype_ = mp.param_dtype.value_or(c10::kFloat);
   reduce_dtype_ = mp.reduce_dtype.value_or(param_dtype_);
+  if (param_dtype_ != c10::kFloat) {
+    // libtorch 1.13's CPU kernels have no fp16 matmul: fail here, in one clear line on every
+    // rank, rather than in the first forward.
+    try {
+      auto probe = at::ones({2, 2}, at::TensorOptions().dtype(param_dtype_).device(runtime_->device()));
+      (void)at::matmul(probe, probe);
+    } catch (const std::exception& e) {
+      throw Error(detail::cat("mixed precision ", c10::toString(param_dtype_), " is not supported by "
+                              "this libtorch's ", runtime_->device().str(), " kernels (",
+                              error_message(e), "); use MixedPrecision::bf16() on CPU"));
+    }
+  }
   infos_ = plan_units(*root_, strategy_.auto_wrap_policy(), S_);
   std::ostringstream signature;
   for (const auto& p : root_->named_parameters()) signature << p.key() << p.value().sizes() << ";";

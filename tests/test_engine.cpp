@@ -302,6 +302,22 @@ TEST(Engine, MixedPrecisionBf16TracksFp32) {
   });
 }
 
+TEST(Engine, Fp16WithoutKernelsIsAClearError) {
+  // libtorch 1.13 has no fp16 matmul on CPU; where it has one, fp16 must simply work.
+  run_ranks(1, [&](Runtime& rt) {
+    try {
+      auto model = shard(std::make_shared<NetImpl>(),
+                         FSDPStrategy().mixed_precision(MixedPrecision::fp16()),
+                         std::shared_ptr<Runtime>(&rt, [](Runtime*) {}));
+      auto logits = model(torch::zeros({1, 3}, torch::kLong));
+      EXPECT_EQ(logits.scalar_type(), torch::kHalf);
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("use MixedPrecision::bf16() on CPU"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory: sharded bytes match the formula; unsharded buffers really are freed.
 
@@ -644,4 +660,45 @@ INSTANTIATE_TEST_SUITE_P(
                       CommCase{ShardingStrategy::kHybridShard, {2, 2}, GradSync::kReplicateOnLast, 2, false, true},
                       CommCase{ShardingStrategy::kHybridShardZero2, {2, 2}, GradSync::kLocal, 3, false, false}),
     [](const auto& info) { return std::to_string(info.index); });
+
+// ---------------------------------------------------------------------------------------------
+// A mesh from explicit rank lists, and Adam: the same single-process result.
+
+TEST(Engine, ExplicitRankGridMeshWithAdam) {
+  const int64_t W = 4;
+  auto net0 = std::make_shared<NetImpl>();
+  load(*net0, initial_weights());
+  torch::optim::Adam ref_opt(net0->parameters(), torch::optim::AdamOptions(1e-2));
+  const Data d = make_data(W);
+  std::vector<State> ref;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ref_opt.zero_grad();
+    loss_of(net0->forward(d.tokens[step]), d.targets[step]).backward();
+    ref_opt.step();
+    ref.push_back(snapshot(*net0));
+  }
+  const State init = initial_weights();
+  run_ranks(W, [&](Runtime& rt) {
+    auto runtime = std::shared_ptr<Runtime>(&rt, [](Runtime*) {});
+    // Shard groups {0, 2} and {1, 3}: replicas pair ranks 0-1 and 2-3.
+    auto mesh = std::make_shared<DeviceMesh>(runtime, MeshLayout::from_grid({{0, 2}, {1, 3}}, W));
+    auto net = std::make_shared<NetImpl>();
+    load(*net, init);
+    auto model = shard(net, FSDPStrategy().sharding_strategy("hybrid_shard").device_mesh(mesh),
+                       runtime);
+    EXPECT_EQ(model.mesh()->group("shard")->ranks(),
+              (std::vector<int64_t>{rt.rank() % 2, rt.rank() % 2 + 2}));
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
+    const int64_t r = rt.rank();
+    for (int64_t step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      loss_of(model(d.tokens[step].narrow(0, r * kPerRank, kPerRank)),
+              d.targets[step].narrow(0, r * kPerRank, kPerRank))
+          .backward();
+      opt.step();
+      expect_close(model.state_dict(), ref[step], atol_for(Opt::kAdamW), 1e-5,
+                   "grid mesh Adam step " + std::to_string(step));
+    }
+  });
+}
 }  // namespace
