@@ -56,7 +56,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--devices") launch.nproc_per_node = std::atoll(argv[i + 1]);
-    else if (flag == "--sizes") sizes = fsdp::parse_mesh_shape(argv[i + 1]);
+    else if (flag == "--sizes") {
+      try {
+        sizes = fsdp::parse_mesh_shape(argv[i + 1]);  // the same "a,b,c" list syntax
+      } catch (const fsdp::Error&) {
+        std::cerr << "bench_collectives: error: --sizes '" << argv[i + 1]
+                  << "' must be MiB sizes separated by commas, e.g. 1,4,16\n";
+        return 2;
+      }
+    }
     else if (flag == "--iters") iters = std::atoi(argv[i + 1]);
     else {
       std::cerr << "bench_collectives: error: unknown flag " << flag

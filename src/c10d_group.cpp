@@ -97,8 +97,6 @@ class Worker {
   std::thread thread_;  // last: starts after the members above exist
 };
 
-std::string what_of(const std::exception& e) { return error_message(e); }
-
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
@@ -228,7 +226,7 @@ class C10dGroup final : public Group {
       } catch (const Error&) {
         throw;
       } catch (const std::exception& e) {
-        throw Error(detail::cat(op, " on the ", describe(), " failed: ", what_of(e),
+        throw Error(detail::cat(op, " on the ", describe(), " failed: ", error_message(e),
                                 " (a peer rank probably exited or timed out; see its output)"));
       }
     });

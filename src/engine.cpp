@@ -160,7 +160,7 @@ void Engine::build() {
 
   // 3. Units: root first, then the policy's picks in module order.
   auto modules = root_->named_modules("", /*include_self=*/true);
-  std::map<std::string, std::shared_ptr<torch::nn::Module>> by_path;
+  ModuleMap by_path;
   for (const auto& m : modules) by_path[m.key()] = m.value();
   std::map<std::string, at::Tensor> params_by_name;
   for (const auto& p : root_->named_parameters()) params_by_name[p.key()] = p.value();
@@ -221,7 +221,7 @@ void Engine::build() {
     }
   }
   // 5. Hooks.
-  for (auto& u : units_) install_hooks(*u);
+  for (auto& u : units_) install_hooks(*u, by_path);
 }
 
 void Engine::flatten_and_shard(UnitState& u, bool broadcast) {
@@ -257,7 +257,7 @@ void Engine::flatten_and_shard(UnitState& u, bool broadcast) {
   }
 }
 
-void Engine::install_hooks(UnitState& u) {
+void Engine::install_hooks(UnitState& u, const ModuleMap& modules) {
   std::weak_ptr<Engine> weak = weak_from_this();
   for (auto& s : u.params) {
     if (!s.param.requires_grad()) continue;
@@ -270,18 +270,17 @@ void Engine::install_hooks(UnitState& u) {
   if (u.hooks) {
     u.hooks->fsdp_unit_ = &u;
   } else {
-    wrap_sequential_child(u.name, u);
+    wrap_sequential_child(u, modules);
   }
 }
 
-void Engine::wrap_sequential_child(const std::string& path, UnitState& u) {
+void Engine::wrap_sequential_child(UnitState& u, const ModuleMap& modules) {
+  const std::string& path = u.name;
   auto dot = path.rfind('.');
-  const std::string parent_path = dot == std::string::npos ? "" : path.substr(0, dot);
-  std::shared_ptr<torch::nn::Module> parent;
-  for (const auto& m : root_->named_modules("", true)) {
-    if (m.key() == parent_path) parent = m.value();
-  }
-  auto* seq = parent ? dynamic_cast<torch::nn::SequentialImpl*>(parent.get()) : nullptr;
+  auto parent = modules.find(dot == std::string::npos ? "" : path.substr(0, dot));
+  auto* seq = parent == modules.end()
+                  ? nullptr
+                  : dynamic_cast<torch::nn::SequentialImpl*>(parent->second.get());
   TORCH_INTERNAL_ASSERT(seq, "unit ", path, " is neither a Unit<M> nor a Sequential child");
   size_t index = 0;
   for (auto it = seq->begin(); it != seq->end(); ++it, ++index) {
@@ -504,7 +503,7 @@ void Engine::on_grad_ready(UnitState& u, ParamSlot& slot) {
     prepare_grads(u);
   }
   at::Tensor view = u.flat_grad.narrow(0, slot.offset, slot.numel).view(slot.shape);
-  if (g.defined() && !g.is_same(view) && !(g.data_ptr() == view.data_ptr())) {
+  if (g.defined() && g.data_ptr() != view.data_ptr()) {
     view.add_(g);
     slot.param.mutable_grad() = view;
   }

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -127,8 +128,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   void flatten_and_shard(UnitState& u, bool broadcast);
-  void install_hooks(UnitState& u);
-  void wrap_sequential_child(const std::string& path, UnitState& u);
+  using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;  // by path
+  void install_hooks(UnitState& u, const ModuleMap& modules);
+  void wrap_sequential_child(UnitState& u, const ModuleMap& modules);
   void unshard(UnitState& u);
   void wait_unshard(UnitState& u);
   void reshard(UnitState& u);

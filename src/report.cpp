@@ -117,19 +117,21 @@ std::string pad(const std::string& s, size_t width) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
 
-std::string count(int64_t n) {
+}  // namespace
+
+std::string format_count(double n) {
   char buf[32];
-  if (n >= 1000000) {
+  if (n >= 1e9) {
+    std::snprintf(buf, sizeof(buf), "%.2f G", n / 1e9);
+  } else if (n >= 1e6) {
     std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
-  } else if (n >= 1000) {
+  } else if (n >= 1e3) {
     std::snprintf(buf, sizeof(buf), "%.1f k", n / 1e3);
   } else {
-    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(n));
+    std::snprintf(buf, sizeof(buf), "%.0f", n);
   }
   return buf;
 }
-
-}  // namespace
 
 std::string TopologyReport::to_text() const {
   std::ostringstream os;
@@ -168,12 +170,12 @@ std::string TopologyReport::to_text() const {
     os << "  " << pad(std::to_string(p.rank), 6) << pad(detail::cat("(", p.replicate, ", ", p.shard, ")"), 20)
        << pad(std::to_string(p.node), 6) << p.local_rank << "\n";
   }
-  os << "\n  model: " << count(total_params) << " parameters in " << units.size()
+  os << "\n  model: " << format_count(total_params) << " parameters in " << units.size()
      << (units.size() == 1 ? " unit" : " units") << "; each rank stores "
-     << count(sharded.params / 4) << " of them\n";
+     << format_count(sharded.params / 4) << " of them\n";
   for (const auto& u : units) {
-    os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28) << pad(count(u.numel), 10)
-       << "shard " << count(u.shard_numel) << "\n";
+    os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28) << pad(format_count(u.numel), 10)
+       << "shard " << format_count(u.shard_numel) << "\n";
   }
   os << "\n  communication per optimizer step, per rank (payload issued):\n";
   os << "    shard group      all-gather " << pad(format_bytes(comm.shard_all_gather), 12)

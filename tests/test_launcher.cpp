@@ -47,6 +47,24 @@ std::vector<ProcessResult> run_direct(
 
 bool alive(int pid) { return ::kill(pid, 0) == 0; }
 
+// The pids of `pid`'s children (read from /proc), polled until there are `n` or `within` passed.
+std::vector<int> children_of(int pid, size_t n, std::chrono::milliseconds within) {
+  const std::string path =
+      "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
+  std::vector<int> pids;
+  for (auto deadline = std::chrono::steady_clock::now() + within;
+       std::chrono::steady_clock::now() < deadline && pids.size() < n;
+       std::this_thread::sleep_for(50ms)) {
+    pids.clear();
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      int child;
+      while (std::fscanf(f, "%d", &child) == 1) pids.push_back(child);
+      std::fclose(f);
+    }
+  }
+  return pids;
+}
+
 }  // namespace
 
 TEST(Launcher, LocalRanksRendezvousAndReduce) {
@@ -169,28 +187,11 @@ TEST(Launcher, NonZeroExitIsReported) {
 
 TEST(Launcher, InterruptStopsEveryRank) {
   Process p({kRun, "--nproc-per-node", "2", kWorker, "sleep"});
-  // Wait until both ranks joined and printed their pids.
-  std::string out;
-  ProcessResult r;
-  std::vector<int> pids;
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  // Poll the ranks' pids from /proc: children of the supervisor.
-  while (std::chrono::steady_clock::now() < deadline && pids.size() < 2) {
-    pids.clear();
-    std::string children = "/proc/" + std::to_string(p.pid()) + "/task/" +
-                           std::to_string(p.pid()) + "/children";
-    FILE* f = std::fopen(children.c_str(), "r");
-    if (f) {
-      int pid;
-      while (std::fscanf(f, "%d", &pid) == 1) pids.push_back(pid);
-      std::fclose(f);
-    }
-    std::this_thread::sleep_for(100ms);
-  }
+  const std::vector<int> pids = children_of(p.pid(), 2, 60s);  // the ranks
   ASSERT_EQ(pids.size(), 2u);
   std::this_thread::sleep_for(3s);  // let them get into the sleep
   p.signal(SIGINT);
-  r = p.wait(30s);
+  ProcessResult r = p.wait(30s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code(), 128 + SIGINT) << r.output;
   EXPECT_NE(r.output.find("interrupted by SIGINT; stopped all 2 ranks"), std::string::npos)
@@ -200,18 +201,7 @@ TEST(Launcher, InterruptStopsEveryRank) {
 
 TEST(Launcher, KilledSupervisorLeavesNoOrphans) {
   Process p({kRun, "--nproc-per-node", "2", kWorker, "sleep"});
-  std::vector<int> pids;
-  for (int i = 0; i < 300 && pids.size() < 2; ++i) {
-    pids.clear();
-    std::string children = "/proc/" + std::to_string(p.pid()) + "/task/" +
-                           std::to_string(p.pid()) + "/children";
-    if (FILE* f = std::fopen(children.c_str(), "r")) {
-      int pid;
-      while (std::fscanf(f, "%d", &pid) == 1) pids.push_back(pid);
-      std::fclose(f);
-    }
-    std::this_thread::sleep_for(50ms);
-  }
+  const std::vector<int> pids = children_of(p.pid(), 2, 15s);
   ASSERT_EQ(pids.size(), 2u);
   ::kill(p.pid(), SIGKILL);
   p.wait(10s);

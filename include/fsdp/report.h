@@ -67,5 +67,7 @@ TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_worl
 
 // Human-readable bytes: "1.50 MiB".
 std::string format_bytes(double bytes);
+// Human-readable counts: "3.41 M", "12.5 k", "640".
+std::string format_count(double n);
 
 }  // namespace fsdp

@@ -53,33 +53,25 @@ int main(int argc, char** argv) {
 
   // Usage errors: everything is checked here, before any process or thread starts.
   fsdp::ClusterEnv env;
-  fsdp::LaunchOptions launch;
+  const fsdp::LaunchOptions& launch = o.launch;
   fsdp_train::TrainPlan plan;
   try {
     env = fsdp::detect_cluster(fsdp::current_environment());
-    launch.nproc_per_node = o.devices;
-    launch.num_nodes = o.num_nodes;
-    launch.node_rank = o.node_rank;
-    launch.master_addr = o.master_addr;
-    launch.master_port = o.master_port;
-    launch.threads = o.threads;
-    launch.name = "fsdp-train";
-    launch.devices_flag = "--devices";
     const bool is_rank = env.kind != fsdp::ClusterKind::kSingle && !o.dry_run;
     if (is_rank) {
       // A launcher started us: the world comes from it; flags the user gave must agree with it.
-      // (--master-port 0 means "pick one", which the launcher did: not a contradiction.)
       fsdp::GivenLaunchOptions given;
-      if (app.count("--devices")) given.devices = o.devices;
-      if (app.count("--num-nodes")) given.num_nodes = o.num_nodes;
-      if (app.count("--node-rank")) given.node_rank = o.node_rank;
-      if (app.count("--master-addr")) given.master_addr = o.master_addr;
-      if (app.count("--master-port") && o.master_port != 0) given.master_port = o.master_port;
+      if (app.count("--devices")) given.devices = launch.nproc_per_node;
+      if (app.count("--num-nodes")) given.num_nodes = launch.num_nodes;
+      if (app.count("--node-rank")) given.node_rank = launch.node_rank;
+      if (app.count("--master-addr")) given.master_addr = launch.master_addr;
+      if (app.count("--master-port")) given.master_port = launch.master_port;
       fsdp::check_matches_environment(given, env);
       plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
     } else {
       fsdp::validate(launch);
-      plan = fsdp_train::check_options(o, o.devices * o.num_nodes, o.devices);
+      plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
+                                       launch.nproc_per_node);
     }
   } catch (const std::exception& e) {
     return fail(2, fsdp::error_message(e));

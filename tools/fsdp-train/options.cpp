@@ -136,13 +136,13 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   // A flag given twice takes its last value, so a script can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const char* launch = "Launch";
-  app.add_option("--devices", o.devices, "ranks (processes) to start on this node")->group(launch);
-  app.add_option("--num-nodes", o.num_nodes, "nodes in the job; world size = devices x num-nodes")
+  app.add_option("--devices", o.launch.nproc_per_node, "ranks (processes) to start on this node")->group(launch);
+  app.add_option("--num-nodes", o.launch.num_nodes, "nodes in the job; world size = devices x num-nodes")
       ->group(launch);
-  app.add_option("--node-rank", o.node_rank, "this node's index, 0 .. num-nodes-1")->group(launch);
-  app.add_option("--master-addr", o.master_addr, "host of rank 0's rendezvous store (node 0)")
+  app.add_option("--node-rank", o.launch.node_rank, "this node's index, 0 .. num-nodes-1")->group(launch);
+  app.add_option("--master-addr", o.launch.master_addr, "host of rank 0's rendezvous store (node 0)")
       ->group(launch);
-  app.add_option("--master-port", o.master_port,
+  app.add_option("--master-port", o.launch.master_port,
                  "port of rank 0's rendezvous store; 0 = pick a free one (single node only)")
       ->group(launch);
 
@@ -200,7 +200,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
       ->group(optim);
 
   const char* runtime = "Runtime";
-  app.add_option("--threads", o.threads,
+  app.add_option("--threads", o.launch.threads,
                  "intra-op threads per rank; 0 = OMP_NUM_THREADS if set, else cores / devices")
       ->group(runtime);
   app.add_option("--timeout", o.timeout,
@@ -258,7 +258,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(std::isfinite(o.clip_grad) && o.clip_grad >= 0, "--clip-grad ", o.clip_grad,
              " is invalid; use a positive norm, or 0 to turn clipping off");
   FSDP_CHECK(o.seed >= 0, "--seed ", o.seed, " is invalid; use 0 or more");
-  FSDP_CHECK(o.threads >= 0, "--threads ", o.threads, " is invalid; use 1 or more (0 = auto)");
+  FSDP_CHECK(o.launch.threads >= 0, "--threads ", o.launch.threads, " is invalid; use 1 or more (0 = auto)");
   FSDP_CHECK(std::isfinite(o.timeout) && o.timeout > 0 && o.timeout <= 7 * 24 * 3600, "--timeout ",
              o.timeout, " is invalid; use seconds in (0, 604800], e.g. 300");
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/launcher.h"
 #include "fsdp/strategy.h"
 
 namespace CLI {
@@ -31,13 +32,18 @@ const std::vector<ModelPreset>& model_presets();
 // Byte-level vocabulary: every byte value is a token.
 constexpr int64_t kVocab = 256;
 
+// fsdp-train's launch defaults: LaunchOptions' own, with messages naming fsdp-train's flags.
+inline fsdp::LaunchOptions default_launch_options() {
+  fsdp::LaunchOptions l;
+  l.name = "fsdp-train";
+  l.devices_flag = "--devices";
+  return l;
+}
+
 struct TrainOptions {
-  // Launch (see fsdp/launcher.h).
-  int64_t devices = 1;
-  int64_t num_nodes = 1;
-  int64_t node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;
+  // Launch: --devices, --num-nodes, --node-rank, --master-addr, --master-port and --threads
+  // (see fsdp/launcher.h).
+  fsdp::LaunchOptions launch = default_launch_options();
   // Sharding.
   std::string strategy = "full_shard";
   std::string mesh;  // empty: the strategy's default mesh
@@ -56,8 +62,7 @@ struct TrainOptions {
   int64_t warmup_steps = 10;
   double clip_grad = 1.0;
   int64_t seed = 1234;
-  // Runtime.
-  int64_t threads = 0;
+  // Runtime (threads: launch.threads).
   double timeout = 300;
   // Output.
   std::string metrics;

@@ -40,21 +40,6 @@ int64_t count_params(torch::nn::Module& m) {
   return n;
 }
 
-// "3.41 M", "12.5 k", "640".
-std::string human(double n) {
-  char buf[32];
-  if (n >= 1e9) {
-    std::snprintf(buf, sizeof(buf), "%.2f G", n / 1e9);
-  } else if (n >= 1e6) {
-    std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
-  } else if (n >= 1e3) {
-    std::snprintf(buf, sizeof(buf), "%.1f k", n / 1e3);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.0f", n);
-  }
-  return buf;
-}
-
 std::string clock_time(double s) {
   const int64_t t = static_cast<int64_t>(std::llround(std::max(0.0, s)));
   char buf[32];
@@ -146,7 +131,7 @@ class Progress {
     char stats[160];
     std::snprintf(stats, sizeof(stats), "step %lld/%lld  loss %.4f  %s tokens/s  ETA %s",
                   static_cast<long long>(step), static_cast<long long>(steps_), loss,
-                  human(tokens_per_s).c_str(), clock_time(eta).c_str());
+                  fsdp::format_count(tokens_per_s).c_str(), clock_time(eta).c_str());
     if (tty_) {
       constexpr int64_t kWidth = 24;
       const int64_t filled = kWidth * step / steps_;
@@ -219,7 +204,7 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
   std::snprintf(buf, sizeof(buf), "%s tokens/s (%.3f s per step of %lld tokens)",
-                human(double(tokens_per_step) / mean_step).c_str(), mean_step,
+                fsdp::format_count(double(tokens_per_step) / mean_step).c_str(), mean_step,
                 static_cast<long long>(tokens_per_step));
   row("throughput", buf);
   std::printf("  memory per rank (largest rank)\n");
@@ -257,7 +242,7 @@ int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
     std::cout << report.to_json() << "\n";
   } else {
     std::cout << "fsdp-train --dry-run: model " << p.preset.name << " ("
-              << human(double(report.total_params)) << " parameters), global batch "
+              << fsdp::format_count(double(report.total_params)) << " parameters), global batch "
               << o.global_batch << " x " << o.seq_len << " bytes: " << p.per_rank_batch
               << " sequences per rank in " << o.grad_accum
               << (o.grad_accum == 1 ? " micro-step" : " micro-steps") << "; nothing is started\n\n"
@@ -275,7 +260,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   {
     fsdp::RuntimeOptions ro;
     ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
-    ro.threads = o.threads;
+    ro.threads = o.launch.threads;
     auto runtime = fsdp::Runtime::init(ro);
     const int64_t rank = runtime->rank(), W = runtime->world_size();
     FSDP_CHECK(W == p.world_size, "the job has ", W, " ranks but the flags were checked for ",
@@ -309,7 +294,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           static_cast<long long>(W / p.local_world_size),
           W / p.local_world_size == 1 ? "node" : "nodes",
           static_cast<long long>(p.local_world_size), p.preset.name.c_str(),
-          human(double(n_params)).c_str(), p.bf16 ? "bf16-mixed" : "fp32",
+          fsdp::format_count(double(n_params)).c_str(), p.bf16 ? "bf16-mixed" : "fp32",
           static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
           static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
           p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());
@@ -418,8 +403,9 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       curve.losses.push_back(records[i].loss);
     }
     fsdp_plot::plot_losses({curve}, o.plot,
-                           cat("fsdp-train: model ", p.preset.name, ", ", human(double(n_params)),
-                               " parameters, world ", p.world_size));
+                           cat("fsdp-train: model ", p.preset.name, ", ",
+                               fsdp::format_count(double(n_params)), " parameters, world ",
+                               p.world_size));
     std::printf("  %-22s %s\n", "plot", o.plot.c_str());
   }
   return 0;
