@@ -113,6 +113,25 @@ std::string groups_line(const std::vector<std::vector<int64_t>>& groups) {
   return s;
 }
 
+// How many of `groups` hold ranks of more than one node.
+int64_t groups_crossing_nodes(const std::vector<std::vector<int64_t>>& groups,
+                              int64_t local_world_size) {
+  int64_t n = 0;
+  for (const auto& g : groups) {
+    std::set<int64_t> nodes;
+    for (int64_t rank : g) nodes.insert(rank / local_world_size);
+    n += nodes.size() > 1 ? 1 : 0;
+  }
+  return n;
+}
+
+// "none", "all 4" or "1 of 4".
+std::string how_many(int64_t k, size_t n) {
+  if (k == 0) return "none";
+  if (k == static_cast<int64_t>(n)) return detail::cat("all ", n);
+  return detail::cat(k, " of ", n);
+}
+
 std::string pad(const std::string& s, size_t width) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
@@ -165,6 +184,19 @@ std::string TopologyReport::to_text() const {
      << groups_line(shard_groups) << "\n";
   os << "  replicate groups (all-reduce gradient shards):\n    " << groups_line(replicate_groups)
      << "\n\n";
+  if (num_nodes == 1) {
+    os << "  crossing nodes: none (one node)\n\n";
+  } else {
+    const int64_t s = groups_crossing_nodes(shard_groups, local_world_size);
+    const int64_t r = groups_crossing_nodes(replicate_groups, local_world_size);
+    os << "  crossing nodes:\n    shard groups      " << how_many(s, shard_groups.size())
+       << (s == 0 ? " (parameter all-gathers and gradient reduce-scatters stay inside a node)"
+                  : " (their parameter all-gathers and gradient reduce-scatters cross nodes)")
+       << "\n    replicate groups  " << how_many(r, replicate_groups.size())
+       << (r == 0 ? " (gradient all-reduces stay inside a node)"
+                  : " (their gradient-shard all-reduces cross nodes)")
+       << "\n\n";
+  }
   os << "  rank  (replicate, shard)  node  local rank\n";
   for (const auto& p : ranks) {
     os << "  " << pad(std::to_string(p.rank), 6) << pad(detail::cat("(", p.replicate, ", ", p.shard, ")"), 20)
@@ -205,6 +237,9 @@ std::string TopologyReport::to_json() const {
   j["strategy"] = to_string(strategy);
   j["shard_groups"] = shard_groups;
   j["replicate_groups"] = replicate_groups;
+  j["groups_crossing_nodes"] = {
+      {"shard", groups_crossing_nodes(shard_groups, local_world_size)},
+      {"replicate", groups_crossing_nodes(replicate_groups, local_world_size)}};
   auto& rs = j["ranks"] = nlohmann::ordered_json::array();
   for (const auto& p : ranks) {
     rs.push_back({{"rank", p.rank}, {"replicate", p.replicate}, {"shard", p.shard},
