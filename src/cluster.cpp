@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
+#include <vector>
 
 #include "fsdp/error.h"
 
@@ -92,10 +93,12 @@ void read_master(const EnvMap& env, ClusterEnv& c, const std::string& who) {
   if (auto a = get(env, "MASTER_ADDR")) {
     FSDP_CHECK(!a->empty(), "MASTER_ADDR is set but empty; set it to rank 0's host");
     c.master_addr = *a;
+    c.master_addr_given = true;
   }
   if (auto p = get_int(env, "MASTER_PORT", 1)) {
     FSDP_CHECK(*p <= 65535, "MASTER_PORT=", *p, " is not a TCP port; use 1..65535");
     c.master_port = static_cast<int>(*p);
+    c.master_port_given = true;
   }
   if (c.world_size > 1) {
     FSDP_CHECK(c.master_port != 0, "MASTER_PORT is not set but ", who, " started ", c.world_size,
@@ -115,6 +118,16 @@ ClusterEnv from_torchrun(const EnvMap& env, ClusterKind kind) {
   c.node_rank = get_int(env, "GROUP_RANK", 0).value_or(c.rank / c.local_world_size);
   FSDP_CHECK(c.node_rank < c.num_nodes, "GROUP_RANK=", c.node_rank, " but WORLD_SIZE/",
              "LOCAL_WORLD_SIZE gives ", c.num_nodes, " nodes; fix the launcher's variables");
+  c.restart_count = get_int(env, "TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
+  if (auto agent = get(env, "TORCHELASTIC_USE_AGENT_STORE")) {
+    // PyTorch writes str(bool): "True" or "False".
+    FSDP_CHECK(*agent == "True" || *agent == "False", "TORCHELASTIC_USE_AGENT_STORE='", *agent,
+               "' is neither True nor False; unset it unless torchrun set it");
+    c.use_agent_store = *agent == "True";
+  }
+  if (auto run = get(env, "TORCHELASTIC_RUN_ID")) {
+    c.job_id = detail::cat("torchrun run '", *run, "' attempt ", c.restart_count);
+  }
   read_master(env, c, to_string(kind));
   if (!get(env, "MASTER_ADDR") && c.num_nodes > 1) {
     throw Error(detail::cat("MASTER_ADDR is not set but the job spans ", c.num_nodes,
@@ -123,25 +136,58 @@ ClusterEnv from_torchrun(const EnvMap& env, ClusterKind kind) {
   return c;
 }
 
+// srun's tasks (SLURM_STEP_ID is set; a batch script has SLURM_PROCID=0 but is no task of a step).
 ClusterEnv from_slurm(const EnvMap& env) {
   ClusterEnv c;
   c.kind = ClusterKind::kSlurm;
-  c.rank = require_int(env, "SLURM_PROCID", 0, "SLURM_NTASKS is set");
-  c.world_size = require_int(env, "SLURM_NTASKS", 1, "SLURM_PROCID is set");
-  c.local_rank = get_int(env, "SLURM_LOCALID", 0).value_or(0);
-  c.num_nodes = get_int(env, "SLURM_NNODES", 1)
-                    .value_or(get_int(env, "SLURM_JOB_NUM_NODES", 1).value_or(1));
-  FSDP_CHECK(c.world_size % c.num_nodes == 0, "SLURM_NTASKS=", c.world_size,
-             " is not a multiple of SLURM_NNODES=", c.num_nodes,
+  // The step's values: inside an allocation a step may use only some of its tasks and nodes.
+  const char* ntasks_var =
+      get(env, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+  const char* nnodes_var = get(env, "SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES"
+                           : get(env, "SLURM_NNODES")       ? "SLURM_NNODES"
+                                                            : "SLURM_JOB_NUM_NODES";
+  const int64_t task = require_int(env, "SLURM_PROCID", 0, "SLURM_STEP_ID is set");
+  c.world_size = require_int(env, ntasks_var, 1, "SLURM_PROCID is set");
+  FSDP_CHECK(task < c.world_size, "SLURM_PROCID=", task, " but ", ntasks_var, "=", c.world_size,
+             ": a rank must be below the world size; fix the launcher's variables");
+  c.num_nodes = get_int(env, nnodes_var, 1).value_or(1);
+  if (auto per_node = get(env, "SLURM_STEP_TASKS_PER_NODE")) {
+    std::vector<int64_t> tasks = parse_slurm_tasks_per_node(*per_node);
+    for (int64_t t : tasks) {
+      FSDP_CHECK(t == tasks.front(), "srun placed ", c.world_size, " tasks unevenly on ",
+                 tasks.size(), " nodes (SLURM_STEP_TASKS_PER_NODE=", *per_node,
+                 "), but fsdp needs the same number of ranks on every node; use srun "
+                 "--ntasks-per-node=N (with -n a multiple of the nodes)");
+    }
+    FSDP_CHECK(static_cast<int64_t>(tasks.size()) == c.num_nodes, "SLURM_STEP_TASKS_PER_NODE=",
+               *per_node, " lists ", tasks.size(), " nodes but ", nnodes_var, "=", c.num_nodes,
+               "; fix the launcher's variables");
+  }
+  FSDP_CHECK(c.world_size % c.num_nodes == 0, ntasks_var, "=", c.world_size,
+             " is not a multiple of ", nnodes_var, "=", c.num_nodes,
              ": fsdp needs the same number of tasks on every node (srun --ntasks-per-node)");
   c.local_world_size = c.world_size / c.num_nodes;
-  c.node_rank = get_int(env, "SLURM_NODEID", 0).value_or(0);
-  check_layout(c, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS/SLURM_NNODES");
-  auto nodelist = get(env, "SLURM_NODELIST");
+  // Number ranks node by node from SLURM_NODEID and SLURM_LOCALID: with -m cyclic SLURM deals
+  // task ids round-robin over the nodes, and the contiguous shard groups would span nodes.
+  const auto node = get_int(env, "SLURM_NODEID", 0);
+  const auto local = get_int(env, "SLURM_LOCALID", 0);
+  c.node_rank = node.value_or(task / c.local_world_size);
+  c.local_rank = local.value_or(task % c.local_world_size);
+  check_layout(c, "SLURM_PROCID", ntasks_var, "SLURM_LOCALID", "tasks per node");
+  c.rank = node && local ? c.node_rank * c.local_world_size + c.local_rank : task;
+  auto nodelist = get(env, "SLURM_STEP_NODELIST");  // the step's nodes: rank 0 is on the first
   if (!nodelist) nodelist = get(env, "SLURM_JOB_NODELIST");
+  if (!nodelist) nodelist = get(env, "SLURM_NODELIST");
   if (nodelist && !nodelist->empty()) c.master_addr = first_slurm_host(*nodelist);
-  if (auto job = get(env, "SLURM_JOB_ID")) c.master_port = slurm_port_for_job(*job);
+  auto step = get(env, "SLURM_STEP_ID");
+  if (!step) step = get(env, "SLURM_STEPID");
+  const int64_t step_id = step ? to_int("SLURM_STEP_ID", *step, 0) : 0;
+  if (auto job = get(env, "SLURM_JOB_ID")) {
+    c.master_port = slurm_port_for_step(*job, step_id);
+    c.job_id = detail::cat("SLURM job ", *job, " step ", step_id);
+  }
   read_master(env, c, "srun");  // MASTER_ADDR / MASTER_PORT override the derived values
+  if (auto cpus = get_int(env, "SLURM_CPUS_PER_TASK", 1)) c.threads = *cpus;
   return c;
 }
 
@@ -173,7 +219,9 @@ ClusterEnv detect_cluster(const EnvMap& env) {
                         get(env, "TORCHELASTIC_RUN_ID");
   const bool slurm = get(env, "SLURM_PROCID") || get(env, "SLURM_NTASKS");
   const bool ompi = get(env, "OMPI_COMM_WORLD_RANK") || get(env, "OMPI_COMM_WORLD_SIZE");
-  const bool srun_step = get(env, "SLURM_PROCID").has_value();
+  // Only srun's tasks have a step id; a batch script has SLURM_PROCID=0 too, but is no rank.
+  const bool srun_step = get(env, "SLURM_PROCID") && (get(env, "SLURM_STEP_ID") ||
+                                                      get(env, "SLURM_STEPID"));
   if (fsdp || torchrun) {
     c = from_torchrun(env, fsdp ? ClusterKind::kFsdpLauncher : ClusterKind::kTorchElastic);
   } else if (slurm && srun_step) {
@@ -188,7 +236,7 @@ ClusterEnv detect_cluster(const EnvMap& env) {
   } else if (ompi) {
     c = from_openmpi(env);
   }
-  if (auto t = get_int(env, "OMP_NUM_THREADS", 1)) c.threads = *t;
+  if (auto t = get_int(env, "OMP_NUM_THREADS", 1)) c.threads = *t;  // over SLURM_CPUS_PER_TASK
   return c;
 }
 
@@ -217,17 +265,57 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first_slurm_host(entry.substr(0, open) + first + entry.substr(close + 1));
 }
 
-int slurm_port_for_job(const std::string& job_id) {
+std::vector<int64_t> parse_slurm_tasks_per_node(const std::string& text) {
+  // Entries "N" or "N(xM)", separated by commas.
+  std::vector<int64_t> tasks;
+  size_t pos = 0;
+  auto bad = [&]() {
+    return Error(detail::cat("SLURM_STEP_TASKS_PER_NODE='", text, "' is not a list like "
+                             "'4(x2),3'; fix or unset it"));
+  };
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string entry = text.substr(pos, end - pos);
+    const size_t paren = entry.find("(x");
+    const std::string count = entry.substr(0, paren);
+    int64_t repeat = 1;
+    if (paren != std::string::npos) {
+      if (entry.back() != ')') throw bad();
+      const std::string r = entry.substr(paren + 2, entry.size() - paren - 3);
+      if (r.empty() || r.size() > 9 || r.find_first_not_of("0123456789") != std::string::npos) {
+        throw bad();
+      }
+      repeat = std::stoll(r);
+    }
+    const bool digits = count.find_first_not_of("0123456789") == std::string::npos;
+    if (count.empty() || count.size() > 9 || !digits || repeat < 1 || repeat > 1000000) {
+      throw bad();
+    }
+    tasks.insert(tasks.end(), repeat, std::stoll(count));
+    pos = end + 1;
+  }
+  if (tasks.empty()) throw bad();
+  return tasks;
+}
+
+int slurm_port_for_step(const std::string& job_id, int64_t step_id) {
   // Array jobs look like "1234_5"; the numeric prefix identifies the allocation.
   std::string digits;
   for (char ch : job_id) {
     if (!std::isdigit(static_cast<unsigned char>(ch))) break;
     digits += ch;
   }
-  FSDP_CHECK(!digits.empty(), "SLURM_JOB_ID='", job_id,
+  FSDP_CHECK(!digits.empty() && digits.size() <= 19, "SLURM_JOB_ID='", job_id,
              "' does not start with a number; set MASTER_PORT explicitly");
-  if (digits.size() > 4) digits = digits.substr(digits.size() - 4);
-  return 15000 + std::stoi(digits);
+  FSDP_CHECK(step_id >= 0, "SLURM_STEP_ID=", step_id, " is negative; set MASTER_PORT explicitly");
+  // splitmix64 of the job id spreads neighbouring ids over the whole range; consecutive steps of
+  // one job get consecutive ports.
+  uint64_t z = std::stoull(digits) + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return 15000 + static_cast<int>((z % 10000 + static_cast<uint64_t>(step_id) % 10000) % 10000);
 }
 
 }  // namespace fsdp

@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -22,11 +25,22 @@
 namespace fsdp {
 
 int64_t available_cores() {
+  int64_t cores = 0;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? n : 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    cores = std::max(1, CPU_COUNT(&set));
+  } else {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    cores = n > 0 ? n : 1;
+  }
+  // SLURM without CPU binding (task/none) leaves the affinity mask whole: its allocation counts.
+  if (const char* slurm = std::getenv("SLURM_CPUS_PER_TASK")) {
+    char* end = nullptr;
+    long long n = std::strtoll(slurm, &end, 10);
+    if (end && *end == '\0' && n >= 1 && n < cores) cores = n;
+  }
+  return cores;
 }
 
 int64_t default_threads_per_rank(int64_t local_ranks) {
@@ -126,63 +140,88 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  int stop_signal = 0;  // nonzero while the rank is stopped (SIGSTOP, SIGTSTP, ...)
+  std::chrono::steady_clock::time_point stopped_at{};
 };
 
-}  // namespace
-
-void validate(const LaunchOptions& o) {
-  FSDP_CHECK(o.nproc_per_node >= 1, o.devices_flag, " ", o.nproc_per_node,
-             " is invalid: at least 1 process per node is needed; use ", o.devices_flag, " 1 or more");
-  FSDP_CHECK(o.nproc_per_node <= 1024, o.devices_flag, " ", o.nproc_per_node,
-             " is more processes than one node can run; use at most 1024");
-  FSDP_CHECK(o.num_nodes >= 1, "--num-nodes ", o.num_nodes, " is invalid; use 1 or more");
-  FSDP_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "--node-rank ", o.node_rank,
-             " is outside 0..", o.num_nodes - 1, " for --num-nodes ", o.num_nodes);
-  FSDP_CHECK(!o.master_addr.empty(), "--master-addr is empty; give rank 0's host name or address");
-  FSDP_CHECK(o.master_port >= 0 && o.master_port <= 65535, "--master-port ", o.master_port,
-             " is not a TCP port; use 1..65535, or omit it to pick a free port");
-  FSDP_CHECK(o.num_nodes == 1 || o.master_port != 0, "--num-nodes ", o.num_nodes,
-             " needs --master-port: every node must use the same port, so it cannot be picked "
-             "at random");
-  FSDP_CHECK(o.threads >= 0, "--threads ", o.threads, " is invalid; use 1 or more (0 = auto)");
-  if (o.node_rank == 0 && o.master_port != 0) {
-    int r = try_bind(o.master_port);
-    FSDP_CHECK(r != -EADDRINUSE, "--master-port ", o.master_port,
-               " is already in use on this machine; choose another port, or omit --master-port "
-               "to pick a free one");
+// Writes `line` to stderr with one write(2), so lines of several processes sharing the terminal
+// never interleave.
+void write_line(const std::string& line) {
+  std::cerr.flush();
+  std::string text = line + "\n";
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(2, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    p += n;
+    left -= static_cast<size_t>(n);
   }
 }
 
-int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
-              const std::string& executable) {
-  FSDP_CHECK(!argv.empty(), "no program to launch; usage: fsdp-run [options] -- program args");
-  validate(opts);
-  const std::string exe = resolve_executable(executable.empty() ? argv[0] : executable);
-  int port = opts.master_port;
-  if (port == 0) {
-    port = try_bind(0);
-    FSDP_CHECK(port > 0, "could not find a free TCP port: ", std::strerror(-port),
-               "; pass --master-port");
-  }
-  const int64_t world = opts.nproc_per_node * opts.num_nodes;
-  const int64_t threads =
-      opts.threads > 0 ? opts.threads : default_threads_per_rank(opts.nproc_per_node);
-  EnvMap base = current_environment();
-  for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (opts.threads > 0 || !base.count(var)) base[var] = std::to_string(threads);
-  }
-  // Variables of other launchers would contradict ours in the ranks (see detect_cluster).
-  for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_SIZE"}) {
-    base.erase(var);
-  }
+// NOTE [culprit]: when several ranks fail, which one caused it? The supervisor reaps them in
+// whatever order waitpid returns them, usually within one polling interval, so order alone cannot
+// tell. A rank that a peer's death takes down exits with an error (or, if an exception escaped,
+// SIGABRT); the cause is a rank that froze (stopped: its peers time out), or that was killed by a
+// signal (SIGKILL, SIGSEGV, ...). Within one class, the first reaped wins.
+int culprit_class(const Child& c) {
+  if (c.stop_signal != 0) return 0;
+  if (WIFSIGNALED(c.status) && WTERMSIG(c.status) != SIGABRT) return 1;
+  if (WIFSIGNALED(c.status)) return 2;
+  return 3;
+}
 
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
+// How one attempt of the job ended.
+struct Attempt {
+  int code = 0;            // the exit code the supervisor should return
+  bool interrupted = false;
+  std::string report;      // the one line naming the culprit ("" when all succeeded)
+};
 
-  StopSignals signals;
+// Test hook (see tests): FSDP_TEST_KILL_RANK="R:S" SIGKILLs local rank R of the first attempt S
+// seconds after it started; "R:PATH" does so as soon as PATH exists (e.g. a checkpoint), so
+// restart tests need no timing in the program under test.
+struct TestKill {
+  int64_t local_rank = -1;
+  std::chrono::milliseconds after{0};
+  std::string when_exists;
+};
+
+TestKill test_kill_from_env() {
+  TestKill k;
+  const char* v = std::getenv("FSDP_TEST_KILL_RANK");
+  if (!v) return k;
+  const std::string text(v);
+  const size_t colon = text.find(':');
+  auto bad = [&]() {
+    return Error(detail::cat("FSDP_TEST_KILL_RANK='", text,
+                             "' is not LOCAL_RANK:SECONDS or LOCAL_RANK:PATH; fix or unset it"));
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) throw bad();
+  const std::string rank = text.substr(0, colon), when = text.substr(colon + 1);
+  if (rank.find_first_not_of("0123456789") != std::string::npos || rank.size() > 6) throw bad();
+  k.local_rank = std::stoll(rank);
+  if (when.find('/') != std::string::npos) {
+    k.when_exists = when;
+    return k;
+  }
+  char* end = nullptr;
+  const double seconds = std::strtod(when.c_str(), &end);
+  if (!end || *end != '\0' || !(seconds >= 0) || seconds > 1e6) throw bad();
+  k.after = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  return k;
+}
+
+bool test_kill_due(const TestKill& k, std::chrono::steady_clock::duration running) {
+  if (!k.when_exists.empty()) return ::access(k.when_exists.c_str(), F_OK) == 0;
+  return running >= k.after;
+}
+
+Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vector<char*>& cargv,
+                    const EnvMap& base, int port, int64_t attempt, const TestKill& test_kill) {
   std::vector<Child> children(opts.nproc_per_node);
+  const int64_t world = opts.nproc_per_node * opts.num_nodes;
   const pid_t supervisor = ::getpid();
   for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
     Child& c = children[local];
@@ -197,6 +236,8 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
     env["GROUP_RANK"] = std::to_string(opts.node_rank);
     env["MASTER_ADDR"] = opts.master_addr;
     env["MASTER_PORT"] = std::to_string(port);
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(opts.max_restarts);
     std::vector<std::string> strings;
     for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
     std::vector<char*> cenv;
@@ -231,19 +272,30 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
   }
 
   using Clock = std::chrono::steady_clock;
+  const Clock::time_point started = Clock::now();
   int64_t running = opts.nproc_per_node;
   std::vector<int64_t> failed;  // indices into children, in the order they were reaped
-  bool stopping = false;
+  bool stopping = false, test_killed = false;
   int stop_signal = 0;
   Clock::time_point first_failure_at{}, term_sent_at{};
   bool term_sent = false, kill_sent = false;
 
   while (running > 0) {
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid > 0) {
       for (auto& c : children) {
         if (c.pid != pid || !c.running) continue;
+        if (WIFSTOPPED(status)) {
+          c.stop_signal = WSTOPSIG(status);
+          c.stopped_at = Clock::now();
+          if (term_sent) ::kill(c.pid, SIGKILL);  // a stopped rank cannot handle SIGTERM
+          continue;
+        }
+        if (WIFCONTINUED(status)) {
+          c.stop_signal = 0;
+          continue;
+        }
         c.running = false;
         c.status = status;
         --running;
@@ -259,6 +311,13 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
       stop_signal = g_stop_signal;
       stopping = true;
     }
+    if (test_kill.local_rank >= 0 && !test_killed && attempt == 0 &&
+        test_kill.local_rank < opts.nproc_per_node &&
+        test_kill_due(test_kill, Clock::now() - started)) {
+      test_killed = true;
+      const Child& victim = children[test_kill.local_rank];
+      if (victim.running) ::kill(victim.pid, SIGKILL);
+    }
     // Give the other ranks a moment to report too, so the root cause (e.g. the rank that was
     // killed, not the ranks that then lost their connection to it) can be named.
     if (!failed.empty() && !stopping &&
@@ -267,7 +326,8 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
     }
     if (stopping && !term_sent) {
       for (auto& c : children) {
-        if (c.running) ::kill(c.pid, SIGTERM);
+        // A stopped rank would keep SIGTERM pending until continued: it gets SIGKILL at once.
+        if (c.running) ::kill(c.pid, c.stop_signal != 0 ? SIGKILL : SIGTERM);
       }
       term_sent = true;
       term_sent_at = Clock::now();
@@ -281,18 +341,28 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
+  Attempt result;
   if (stop_signal != 0 && failed.empty()) {
-    std::cerr << opts.name << ": interrupted by " << signal_name(stop_signal) << "; stopped all "
-              << opts.nproc_per_node << " ranks on this node\n";
-    return 128 + stop_signal;
+    result.interrupted = true;
+    result.code = 128 + stop_signal;
+    result.report = detail::cat(opts.name, ": interrupted by ", signal_name(stop_signal),
+                                "; stopped all ", opts.nproc_per_node, " ranks on this node");
+    return result;
   }
-  if (failed.empty()) return 0;
-  // The culprit: a rank killed by a signal we did not send, else the first that failed.
-  int64_t culprit = failed.front();
-  for (int64_t i : failed) {
-    if (WIFSIGNALED(children[i].status)) {
-      culprit = i;
-      break;
+  if (failed.empty()) return result;
+  // NOTE [culprit]. A rank that was stopped when the others failed is not in `failed` (we
+  // killed it): it comes first.
+  int64_t culprit = -1;
+  for (const Child& c : children) {
+    if (c.stop_signal != 0 &&
+        (culprit < 0 || c.stopped_at < children[culprit].stopped_at)) {
+      culprit = c.local_rank;
+    }
+  }
+  if (culprit < 0) {
+    culprit = failed.front();
+    for (int64_t i : failed) {
+      if (culprit_class(children[i]) < culprit_class(children[culprit])) culprit = i;
     }
   }
   const Child& c = children[culprit];
@@ -300,12 +370,94 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
   for (int64_t i : failed) {
     if (i != culprit) others += detail::cat(others.empty() ? "" : ", ", children[i].rank);
   }
-  std::cerr << opts.name << ": rank " << c.rank << " (local rank " << c.local_rank << ", pid "
-            << c.pid << ") " << describe_status(c.status) << "; stopped the other ranks";
-  if (!others.empty()) std::cerr << " (rank(s) " << others << " had also failed)";
-  std::cerr << "\n";
-  int code = exit_code_of(c.status);
-  return code == 0 ? 1 : code;
+  std::string what;
+  if (c.stop_signal != 0) {
+    const double stalled =
+        std::chrono::duration<double>(first_failure_at - c.stopped_at).count();
+    what = detail::cat("stopped responding: it was stopped by signal ", c.stop_signal, " (",
+                       signal_name(c.stop_signal), ") ",
+                       std::round(std::max(0.0, stalled) * 10) / 10, " s before its peers gave up");
+    result.code = 128 + c.stop_signal;
+  } else {
+    what = describe_status(c.status);
+    result.code = exit_code_of(c.status);
+    if (result.code == 0) result.code = 1;
+  }
+  result.report = detail::cat(opts.name, ": rank ", c.rank, " (local rank ", c.local_rank,
+                              ", pid ", c.pid, ") ", what, "; stopped the other ranks");
+  if (!others.empty()) result.report += detail::cat(" (rank(s) ", others, " had also failed)");
+  return result;
+}
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  FSDP_CHECK(o.nproc_per_node >= 1, o.devices_flag, " ", o.nproc_per_node,
+             " is invalid: at least 1 process per node is needed; use ", o.devices_flag, " 1 or more");
+  FSDP_CHECK(o.nproc_per_node <= 1024, o.devices_flag, " ", o.nproc_per_node,
+             " is more processes than one node can run; use at most 1024");
+  const std::string& nodes = o.num_nodes_flag;
+  FSDP_CHECK(o.num_nodes >= 1, nodes, " ", o.num_nodes, " is invalid; use 1 or more");
+  FSDP_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "--node-rank ", o.node_rank,
+             " is outside 0..", o.num_nodes - 1, " for ", nodes, " ", o.num_nodes);
+  FSDP_CHECK(!o.master_addr.empty(), "--master-addr is empty; give rank 0's host name or address");
+  FSDP_CHECK(o.master_port >= 0 && o.master_port <= 65535, "--master-port ", o.master_port,
+             " is not a TCP port; use 1..65535, or omit it to pick a free port");
+  FSDP_CHECK(o.num_nodes == 1 || o.master_port != 0, nodes, " ", o.num_nodes,
+             " needs --master-port: every node must use the same port, so it cannot be picked "
+             "at random");
+  FSDP_CHECK(o.threads >= 0, "--threads ", o.threads, " is invalid; use 1 or more (0 = auto)");
+  FSDP_CHECK(o.max_restarts >= 0 && o.max_restarts <= 1000, "--max-restarts ", o.max_restarts,
+             " is invalid; use 0 (no restarts) .. 1000");
+  if (o.node_rank == 0 && o.master_port != 0) {
+    int r = try_bind(o.master_port);
+    FSDP_CHECK(r != -EADDRINUSE, "--master-port ", o.master_port,
+               " is already in use on this machine; choose another port, or omit --master-port "
+               "to pick a free one");
+  }
+}
+
+int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
+              const std::string& executable) {
+  FSDP_CHECK(!argv.empty(), "no program to launch; usage: fsdp-run [options] -- program args");
+  validate(opts);
+  const std::string exe = resolve_executable(executable.empty() ? argv[0] : executable);
+  const TestKill test_kill = test_kill_from_env();
+  int port = opts.master_port;
+  if (port == 0) {
+    port = try_bind(0);
+    FSDP_CHECK(port > 0, "could not find a free TCP port: ", std::strerror(-port),
+               "; pass --master-port");
+  }
+  const int64_t threads =
+      opts.threads > 0 ? opts.threads : default_threads_per_rank(opts.nproc_per_node);
+  EnvMap base = current_environment();
+  for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (opts.threads > 0 || !base.count(var)) base[var] = std::to_string(threads);
+  }
+  // Variables of other launchers would contradict ours in the ranks (see detect_cluster).
+  for (const char* var : {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_PROCID",
+                          "SLURM_STEP_ID", "SLURM_STEPID", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE", "FSDP_TEST_KILL_RANK"}) {
+    base.erase(var);
+  }
+
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+
+  StopSignals signals;
+  for (int64_t attempt = 0;; ++attempt) {
+    Attempt a = run_attempt(opts, exe, cargv, base, port, attempt, test_kill);
+    if (a.code == 0) return 0;
+    if (a.interrupted || attempt >= opts.max_restarts) {
+      write_line(a.report);
+      return a.code;
+    }
+    write_line(detail::cat(a.report, "; restarting all ", opts.nproc_per_node,
+                           " ranks on this node (restart ", attempt + 1, " of ",
+                           opts.max_restarts, ")"));
+  }
 }
 
 std::optional<int> launch_self(int argc, char** argv, const LaunchOptions& opts) {
@@ -324,6 +476,11 @@ std::optional<int> launch_self(int argc, char** argv, const LaunchOptions& opts)
 void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env) {
   if (env.kind == ClusterKind::kSingle) return;
   const char* who = to_string(env.kind);
+  FSDP_CHECK(!given.max_restarts || *given.max_restarts == 0 ||
+                 env.kind == ClusterKind::kFsdpLauncher,
+             "--max-restarts ", given.max_restarts.value_or(0), " restarts ranks that fsdp's own "
+             "launcher (--devices) started, but ", who, " started this one; use the launcher's "
+             "own restarts (torchrun --max-restarts) or drop the flag");
   FSDP_CHECK(!given.devices || *given.devices == env.local_world_size, "--devices ",
              given.devices.value_or(0), " contradicts the ", who, " environment, which started ",
              env.local_world_size, " ranks on this node; drop --devices or make them equal");
@@ -333,14 +490,32 @@ void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv
   FSDP_CHECK(!given.node_rank || *given.node_rank == env.node_rank, "--node-rank ",
              given.node_rank.value_or(0), " contradicts the ", who, " environment (node ",
              env.node_rank, "); drop --node-rank or make them equal");
-  FSDP_CHECK(!given.master_addr || *given.master_addr == env.master_addr, "--master-addr ",
+  FSDP_CHECK(!given.master_addr || !env.master_addr_given || *given.master_addr == env.master_addr,
+             "--master-addr ",
              given.master_addr.value_or(""), " contradicts the ", who,
              " environment (MASTER_ADDR ", env.master_addr, "); drop one of them");
   // --master-port 0 means "pick one", which the launcher did: not a contradiction.
-  FSDP_CHECK(!given.master_port || *given.master_port == 0 || *given.master_port == env.master_port,
+  FSDP_CHECK(!given.master_port || *given.master_port == 0 || !env.master_port_given ||
+                 *given.master_port == env.master_port,
              "--master-port ",
              given.master_port.value_or(0), " contradicts the ", who, " environment (port ",
              env.master_port, "); drop one of them");
+}
+
+ClusterEnv apply_master_flags(const GivenLaunchOptions& given, const ClusterEnv& env) {
+  ClusterEnv result = env;
+  if (env.kind == ClusterKind::kSingle) return result;
+  if (given.master_addr && !env.master_addr_given) {
+    result.master_addr = *given.master_addr;
+    result.master_addr_given = true;
+    ::setenv("MASTER_ADDR", given.master_addr->c_str(), 1);
+  }
+  if (given.master_port && *given.master_port != 0 && !env.master_port_given) {
+    result.master_port = *given.master_port;
+    result.master_port_given = true;
+    ::setenv("MASTER_PORT", std::to_string(*given.master_port).c_str(), 1);
+  }
+  return result;
 }
 
 }  // namespace fsdp

@@ -3,8 +3,13 @@
 //   allreduce            all-reduce of rank+1 over the world, checked against W(W+1)/2
 //   die RANK SIGNAL      after one all-reduce, rank RANK kills itself; the others keep reducing
 //   exit RANK CODE       rank RANK exits with CODE after joining; the others sleep
+//   exit-once RANK CODE  like exit in the first attempt (TORCHELASTIC_RESTART_COUNT 0), then
+//                        allreduce in the restarted ones
+//   stop RANK            after one all-reduce, rank RANK stops itself (SIGSTOP, frozen); the
+//                        others keep reducing until their collective times out
 //   sleep                join, then sleep (to be stopped)
-// Env: FSDP_TEST_TIMEOUT_MS (collective timeout, default 20000).
+// Env: FSDP_TEST_TIMEOUT_MS (collective timeout, default 20000); FSDP_TEST_ABORT_ON_ERROR=1 makes
+// an error abort() the rank (SIGABRT), as an exception escaping a thread would.
 #include <ATen/ATen.h>
 #include <signal.h>
 #include <unistd.h>
@@ -45,7 +50,20 @@ int main(int argc, char** argv) {
       std::cout << "ok rank " << env.rank << "/" << env.world_size << " kind="
                 << fsdp::to_string(env.kind) << " node=" << env.node_rank << "/" << env.num_nodes
                 << " local=" << env.local_rank << "/" << env.local_world_size
-                << " threads=" << rt->threads() << std::endl;
+                << " threads=" << rt->threads() << " attempt=" << env.restart_count
+                << std::endl;
+      return 0;
+    }
+    if (mode == "exit-once" && argc > 3) {
+      if (env.restart_count == 0 && rt->rank() == std::atoi(argv[2])) std::exit(std::atoi(argv[3]));
+      all_reduce_check(*rt);
+      std::cout << "ok rank " << env.rank << " attempt=" << env.restart_count << std::endl;
+      return 0;
+    }
+    if (mode == "stop" && argc > 2) {
+      all_reduce_check(*rt);
+      if (rt->rank() == std::atoi(argv[2])) ::raise(SIGSTOP);
+      for (int i = 0; i < 100000; ++i) all_reduce_check(*rt);
       return 0;
     }
     if (mode == "die" && argc > 3) {
@@ -72,6 +90,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "fsdp_test_worker: error: " << fsdp::error_message(e) << std::endl;
+    if (const char* a = std::getenv("FSDP_TEST_ABORT_ON_ERROR"); a && std::string(a) == "1") {
+      std::abort();
+    }
     return 1;
   }
 }

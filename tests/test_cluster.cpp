@@ -62,23 +62,107 @@ TEST(Cluster, HandSetRankDefaultsToOneNode) {
 
 TEST(Cluster, Slurm) {
   auto c = detect_cluster({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
-                           {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"},
-                           {"SLURM_NODELIST", "gpu[017-018]"}, {"SLURM_JOB_ID", "123456"}});
+                           {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_STEP_ID", "0"},
+                           {"SLURM_NODELIST", "gpu[017-018]"}, {"SLURM_JOB_ID", "123456"},
+                           {"SLURM_CPUS_PER_TASK", "3"}});
   EXPECT_EQ(c.kind, ClusterKind::kSlurm);
   EXPECT_EQ(c.rank, 6);
   EXPECT_EQ(c.local_rank, 2);
   EXPECT_EQ(c.local_world_size, 4);
   EXPECT_EQ(c.node_rank, 1);
   EXPECT_EQ(c.master_addr, "gpu017");
-  EXPECT_EQ(c.master_port, 15000 + 3456);
+  EXPECT_EQ(c.master_port, fsdp::slurm_port_for_step("123456", 0));
+  EXPECT_FALSE(c.master_addr_given);
+  EXPECT_FALSE(c.master_port_given);
+  EXPECT_EQ(c.job_id, "SLURM job 123456 step 0");
+  EXPECT_EQ(c.threads, 3);  // SLURM_CPUS_PER_TASK, unless OMP_NUM_THREADS is set
+}
+
+TEST(Cluster, SlurmStepNodesAndTasks) {
+  // A step on a subset of the job's nodes: rank 0 is on the step's first node, and the step's
+  // task counts win over the allocation's.
+  auto c = detect_cluster({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                           {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "4"}, {"SLURM_STEP_ID", "3"},
+                           {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_STEP_NUM_NODES", "2"},
+                           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"SLURM_JOB_ID", "77"},
+                           {"SLURM_NODELIST", "n[1-4]"}, {"SLURM_STEP_NODELIST", "n[3-4]"}});
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.num_nodes, 2);
+  EXPECT_EQ(c.local_world_size, 2);
+  EXPECT_EQ(c.master_addr, "n3");
+  EXPECT_EQ(c.master_port, fsdp::slurm_port_for_step("77", 3));
+}
+
+TEST(Cluster, SlurmCyclicDistributionIsNumberedByNode) {
+  // srun -N2 -n4 -m cyclic: task 1 is on node 1. fsdp numbers ranks node by node, so the shard
+  // groups of a (2, 2) mesh stay inside the nodes.
+  auto c = detect_cluster({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
+                           {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_STEP_ID", "0"},
+                           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"SLURM_JOB_ID", "5"},
+                           {"SLURM_NODELIST", "a,b"}});
+  EXPECT_EQ(c.rank, 2);
+  EXPECT_EQ(c.node_rank, 1);
+  EXPECT_EQ(c.local_rank, 0);
+}
+
+TEST(Cluster, SlurmUnevenTasksFailOnEveryRank) {
+  for (const char* id : {"0", "1", "2", "3"}) {
+    const std::string local = std::string(id) == "3" ? "0" : id;
+    const std::string node = std::string(id) == "3" ? "1" : "0";
+    const std::string e = error_of({{"SLURM_PROCID", id}, {"SLURM_NTASKS", "4"},
+                                    {"SLURM_LOCALID", local}, {"SLURM_NODEID", node},
+                                    {"SLURM_NNODES", "2"}, {"SLURM_STEP_ID", "0"},
+                                    {"SLURM_STEP_TASKS_PER_NODE", "3,1"}, {"SLURM_JOB_ID", "5"}});
+    EXPECT_NE(e.find("unevenly on 2 nodes (SLURM_STEP_TASKS_PER_NODE=3,1)"), std::string::npos)
+        << e;
+    EXPECT_NE(e.find("--ntasks-per-node"), std::string::npos) << e;
+  }
+}
+
+TEST(Cluster, SlurmTasksPerNode) {
+  EXPECT_EQ(fsdp::parse_slurm_tasks_per_node("4"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(fsdp::parse_slurm_tasks_per_node("2(x3),1"), (std::vector<int64_t>{2, 2, 2, 1}));
+  EXPECT_EQ(fsdp::parse_slurm_tasks_per_node("3,1"), (std::vector<int64_t>{3, 1}));
+  for (const char* bad : {"", "x", "2(x", "2(x0)", "2(3)", ",", "-1"}) {
+    EXPECT_THROW(fsdp::parse_slurm_tasks_per_node(bad), fsdp::Error) << bad;
+  }
+}
+
+TEST(Cluster, BatchScriptIsNotARank) {
+  // Inside an sbatch script SLURM sets SLURM_PROCID=0 (and SLURM_NTASKS), but only srun's tasks
+  // have a step id: the script is one process that may launch its own ranks (--devices N).
+  auto c = detect_cluster({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "9"},
+                           {"SLURM_CPUS_PER_TASK", "4"}});
+  EXPECT_EQ(c.kind, ClusterKind::kSingle);
+  EXPECT_EQ(c.world_size, 1);
+}
+
+TEST(Cluster, TorchrunAgentStore) {
+  auto c = detect_cluster({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"},
+                           {"TORCHELASTIC_RUN_ID", "none"},
+                           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                           {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  EXPECT_EQ(c.kind, ClusterKind::kTorchElastic);
+  EXPECT_TRUE(c.use_agent_store);
+  EXPECT_EQ(c.restart_count, 2);
+  EXPECT_EQ(c.job_id, "torchrun run 'none' attempt 2");
+  c = detect_cluster({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"},
+                      {"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  EXPECT_FALSE(c.use_agent_store);
+  EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"},
+                      {"TORCHELASTIC_USE_AGENT_STORE", "yes"}})
+                .find("TORCHELASTIC_USE_AGENT_STORE='yes'"),
+            std::string::npos);
 }
 
 TEST(Cluster, SlurmMasterOverride) {
   auto c = detect_cluster({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "1"},
-                           {"SLURM_NODELIST", "n1"}, {"SLURM_JOB_ID", "7"},
+                           {"SLURM_NODELIST", "n1"}, {"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"},
                            {"MASTER_ADDR", "head"}, {"MASTER_PORT", "4000"}});
   EXPECT_EQ(c.master_addr, "head");
   EXPECT_EQ(c.master_port, 4000);
+  EXPECT_TRUE(c.master_addr_given);
+  EXPECT_TRUE(c.master_port_given);
 }
 
 TEST(Cluster, SallocShellWithoutSrunIsNotARank) {
@@ -125,9 +209,11 @@ TEST(Cluster, Errors) {
   EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
                       {"LOCAL_RANK", "0"}, {"MASTER_PORT", "1"}})
                 .find("MASTER_ADDR is not set"), std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}).find("SLURM_PROCID=3"),
+  EXPECT_NE(error_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}})
+                .find("SLURM_PROCID=3"),
             std::string::npos);
   EXPECT_NE(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "5"},
+                      {"SLURM_STEP_ID", "0"},
                       {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})
                 .find("contradict"), std::string::npos);
   EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
@@ -145,10 +231,18 @@ TEST(Cluster, SlurmHostLists) {
 }
 
 TEST(Cluster, SlurmPort) {
-  EXPECT_EQ(fsdp::slurm_port_for_job("42"), 15042);
-  EXPECT_EQ(fsdp::slurm_port_for_job("1234567"), 15000 + 4567);
-  EXPECT_EQ(fsdp::slurm_port_for_job("99_3"), 15099);  // array job
-  EXPECT_THROW(fsdp::slurm_port_for_job("abc"), fsdp::Error);
+  for (int64_t job : {42, 1234567, 99}) {
+    const std::string id = std::to_string(job);
+    const int p0 = fsdp::slurm_port_for_step(id, 0);
+    EXPECT_GE(p0, 15000);
+    EXPECT_LT(p0, 25000);
+    // Concurrent steps of one allocation get different ports...
+    for (int64_t step = 1; step < 50; ++step) EXPECT_NE(fsdp::slurm_port_for_step(id, step), p0);
+    // ... and so do jobs 10000 apart (15000 + id % 10000 gave them the same one).
+    EXPECT_NE(fsdp::slurm_port_for_step(std::to_string(job + 10000), 0), p0);
+  }
+  EXPECT_EQ(fsdp::slurm_port_for_step("99_3", 0), fsdp::slurm_port_for_step("99", 0));  // array
+  EXPECT_THROW(fsdp::slurm_port_for_step("abc", 0), fsdp::Error);
 }
 
 TEST(Cluster, LaunchOptionValidation) {
@@ -185,4 +279,51 @@ TEST(Cluster, FlagsMustMatchTheLauncher) {
   }
   given.devices = 4;
   EXPECT_NO_THROW(fsdp::check_matches_environment(given, env));
+}
+
+TEST(Cluster, MasterFlagsOverrideOnlyDerivedValues) {
+  // Under srun without MASTER_ADDR / MASTER_PORT, fsdp derives both: flags may set them.
+  fsdp::ClusterEnv env = detect_cluster({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                         {"SLURM_STEP_ID", "0"}, {"SLURM_JOB_ID", "8"},
+                                         {"SLURM_NODELIST", "n1"}});
+  fsdp::GivenLaunchOptions given;
+  given.master_addr = "10.0.0.9";
+  given.master_port = 4567;
+  EXPECT_NO_THROW(fsdp::check_matches_environment(given, env));
+  // ... but not contradict what a launcher set.
+  env = detect_cluster({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "7"}});
+  given.master_addr.reset();
+  EXPECT_THROW(fsdp::check_matches_environment(given, env), fsdp::Error);
+}
+
+TEST(Cluster, NodesFlagIsNamedAsTyped) {
+  fsdp::LaunchOptions o;
+  o.num_nodes_flag = "--nnodes";
+  o.num_nodes = 2;
+  try {
+    fsdp::validate(o);
+    FAIL() << "multi-node without a port accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes 2 needs --master-port"), std::string::npos)
+        << e.what();
+  }
+  o.master_port = 29999;
+  o.max_restarts = -1;
+  EXPECT_THROW(fsdp::validate(o), fsdp::Error);
+}
+
+TEST(Cluster, MaxRestartsOnlyUnderFsdpsLauncher) {
+  fsdp::GivenLaunchOptions given;
+  given.max_restarts = 2;
+  auto torchrun = detect_cluster({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "7"}});
+  try {
+    fsdp::check_matches_environment(given, torchrun);
+    FAIL() << "--max-restarts under torchrun accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("torchrun --max-restarts"), std::string::npos) << e.what();
+  }
+  // fsdp's own launcher re-executes the program with the same flags: no contradiction there.
+  auto own = detect_cluster({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "7"},
+                             {"FSDP_LAUNCHER", "1"}});
+  EXPECT_NO_THROW(fsdp::check_matches_environment(given, own));
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -19,7 +20,9 @@ enum class ClusterKind {
 
 const char* to_string(ClusterKind kind);
 
-// This process's place in the job. Nodes are assumed to run the same number of ranks.
+// This process's place in the job. Nodes must run the same number of ranks; fsdp numbers ranks
+// node by node (rank = node_rank * local_world_size + local_rank), so shard groups of contiguous
+// ranks stay inside a node whatever order the launcher numbered its tasks in (srun -m cyclic).
 struct ClusterEnv {
   ClusterKind kind = ClusterKind::kSingle;
   int64_t rank = 0;
@@ -30,6 +33,21 @@ struct ClusterEnv {
   int64_t num_nodes = 1;
   std::string master_addr = "127.0.0.1";  // host of rank 0's rendezvous store
   int master_port = 0;                    // its port; 0 only when world_size == 1
+  // False when fsdp derived the address or port itself (SLURM: first host of the step, a port
+  // from the job and step ids) rather than reading MASTER_ADDR / MASTER_PORT: command-line flags
+  // may then override them (apply_master_flags in launcher.h) without contradicting anything.
+  bool master_addr_given = false;
+  bool master_port_given = false;
+  // torchrun (PyTorch 2.x) hosts the TCPStore in its agent on MASTER_ADDR:MASTER_PORT and says so
+  // with TORCHELASTIC_USE_AGENT_STORE=True: every rank, rank 0 included, joins it as a client.
+  bool use_agent_store = false;
+  // Restarts of the whole job so far (TORCHELASTIC_RESTART_COUNT, set by torchrun and by fsdp's
+  // launcher with --max-restarts). With the agent store, keys live under
+  // "/worker/attempt_<restart_count>/", so a restarted attempt never sees the previous one's keys.
+  int64_t restart_count = 0;
+  // Identifies the job for the rendezvous ("SLURM job 12 step 3"); ranks of another job that
+  // reach the same store are told so instead of joining it. Empty when unknown.
+  std::string job_id;
   // Intra-op threads the launcher asked for (OMP_NUM_THREADS), 0 if unset.
   int64_t threads = 0;
 
@@ -51,8 +69,12 @@ ClusterEnv detect_cluster(const EnvMap& env);
 // First host of a SLURM host list: "node[003-005,9],gpu1" -> "node003".
 std::string first_slurm_host(const std::string& nodelist);
 
-// The rendezvous port derived from a SLURM job id when MASTER_PORT is unset: 15000 + id % 10000,
-// the same rule as Lightning's SLURMEnvironment, so mixed jobs agree.
-int slurm_port_for_job(const std::string& job_id);
+// Tasks per node of a SLURM step, from SLURM_STEP_TASKS_PER_NODE: "2(x3),1" -> {2, 2, 2, 1}.
+std::vector<int64_t> parse_slurm_tasks_per_node(const std::string& text);
+
+// The rendezvous port of a SLURM job step when MASTER_PORT is unset: 15000 + (hash(job id) +
+// step id) % 10000. Concurrent steps of one allocation (srun --exact ... &) get different ports,
+// and so do jobs whose ids differ by 10000 (Lightning's 15000 + id % 10000 gave them the same).
+int slurm_port_for_step(const std::string& job_id, int64_t step_id);
 
 }  // namespace fsdp

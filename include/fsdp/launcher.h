@@ -4,7 +4,10 @@
 // (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 // FSDP_LAUNCHER=1, and OMP_NUM_THREADS / OPENBLAS_NUM_THREADS unless the user set them) and waits.
 // When a rank exits non-zero or dies, it stops the others (SIGTERM, then SIGKILL after a grace
-// period) and reports the failed rank in one line. SIGINT/SIGTERM to the supervisor stop every
+// period) and reports the rank that failed first in one line (see NOTE [culprit] in launcher.cpp:
+// a frozen (stopped) rank, then one killed by a signal, then one that aborted, then one that
+// exited non-zero). With max_restarts > 0 it then starts every rank again, up to that many times,
+// exporting TORCHELASTIC_RESTART_COUNT like torchrun. SIGINT/SIGTERM to the supervisor stop every
 // rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans.
 // No libtorch here: the supervisor never initialises it.
 #pragma once
@@ -34,10 +37,15 @@ struct LaunchOptions {
   int64_t threads = 0;
   // Time between SIGTERM and SIGKILL when stopping ranks.
   std::chrono::milliseconds grace{3000};
+  // When a rank fails, stop every rank and start them all again, up to this many times
+  // (--max-restarts, like torchrun's). Each attempt's ranks see TORCHELASTIC_RESTART_COUNT (0 for
+  // the first) and TORCHELASTIC_MAX_RESTARTS. Interrupts (Ctrl-C) are never restarted. Default 0.
+  int64_t max_restarts = 0;
   // Prefix of the supervisor's messages ("fsdp-run: rank 2 ...") and the flag that sets
   // nproc_per_node, so errors name the flag the user typed.
   std::string name = "fsdp-run";
   std::string devices_flag = "--nproc-per-node";
+  std::string num_nodes_flag = "--num-nodes";
 };
 
 // Throws fsdp::Error for invalid options: --devices 0, a node rank outside [0, num_nodes), a
@@ -64,10 +72,19 @@ struct GivenLaunchOptions {
   std::optional<int64_t> devices, num_nodes, node_rank;
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
+  std::optional<int64_t> max_restarts;  // fsdp's own launcher only: an error under the others
 };
+// A master address or port that the launcher's environment did not set (fsdp derived it, e.g.
+// from SLURM's node list and job id) is no contradiction: the flag wins.
 void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env);
 
-// Number of CPU cores this process may use (sched_getaffinity), at least 1.
+// Makes --master-addr / --master-port take effect where check_matches_environment let them
+// override derived values: exports them as MASTER_ADDR / MASTER_PORT into this process's
+// environment (so Runtime::init() sees them) and returns `env` with them applied.
+ClusterEnv apply_master_flags(const GivenLaunchOptions& given, const ClusterEnv& env);
+
+// Number of CPU cores this process may use (sched_getaffinity, capped by SLURM_CPUS_PER_TASK);
+// at least 1.
 int64_t available_cores();
 
 // Threads each of `local_ranks` ranks should use on this machine: max(1, cores / local_ranks).

@@ -19,8 +19,11 @@ int main(int argc, char** argv) {
   opts.devices_flag = "--nproc-per-node";
   double grace_s = 3.0;
 
+  opts.num_nodes_flag = "--nnodes";
+  // CLI11 prints its own "Usage:" line; the description shows where the program goes.
   CLI::App app{"fsdp-run: start and supervise the ranks of a distributed program on this node.\n"
-               "Usage: fsdp-run [options] [--] program [args...]"};
+               "  fsdp-run [options] [--] program [args...]",
+               "fsdp-run"};
   app.prefix_command();  // everything from the first positional on belongs to the program
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node")
       ->capture_default_str();
@@ -35,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", opts.threads,
                  "intra-op threads per rank (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS); "
                  "0 = max(1, cores / nproc-per-node) unless already set in the environment")
+      ->capture_default_str();
+  app.add_option("--max-restarts", opts.max_restarts,
+                 "when a rank fails, stop every rank and start them all again, up to this many "
+                 "times (TORCHELASTIC_RESTART_COUNT tells the ranks which attempt they are)")
       ->capture_default_str();
   app.add_option("--grace-period", grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
