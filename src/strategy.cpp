@@ -107,6 +107,15 @@ bool WrapPolicy::selects(const torch::nn::Module& module, int64_t numel) const {
   return true;  // units(): every candidate (the caller only offers Unit<M> members)
 }
 
+CheckpointPolicy CheckpointPolicy::none() { return CheckpointPolicy(); }
+
+CheckpointPolicy CheckpointPolicy::all_units() {
+  CheckpointPolicy p;
+  p.name_ = "all_units";
+  p.all_ = true;
+  return p;
+}
+
 FSDPStrategy& FSDPStrategy::sharding_strategy(const std::string& name) {
   sharding_strategy_ = parse_sharding_strategy(name);
   return *this;
@@ -133,7 +142,8 @@ std::string FSDPStrategy::describe() const {
                      " prefetch=", forward_prefetch_ ? "f" : "-", backward_prefetch_ ? "b" : "-",
                      " grad_sync=", to_string(grad_sync_),
                      " state_dict=", to_string(state_dict_type_),
-                     " sync_states=", sync_module_states_);
+                     " sync_states=", sync_module_states_,
+                     " activation_checkpointing=", activation_checkpointing_.name());
 }
 
 std::vector<int64_t> parse_mesh_shape(const std::string& text) {

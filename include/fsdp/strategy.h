@@ -99,6 +99,7 @@ class WrapPolicy {
   const std::string& name() const { return name_; }
 
  private:
+  friend class CheckpointPolicy;
   template <class M>
   static bool is_a(const torch::nn::Module& m) {
     return dynamic_cast<const M*>(&m) != nullptr;
@@ -115,6 +116,38 @@ class WrapPolicy {
   int64_t min_params_ = 0;
   bool strict_types_ = false;
   bool sequential_ = true;
+};
+
+// Picks which units recompute their forward in backward instead of keeping its activations
+// (activation checkpointing, see fsdp/activation_checkpoint.h). A checkpointed unit keeps only
+// its input tensors from forward; its backward gathers the parameters once (the gather backward
+// does anyway), recomputes the forward, back-propagates through it and frees them again.
+// Only units can be checkpointed (the wrap policy makes them); the root unit never is.
+class CheckpointPolicy {
+ public:
+  // No checkpointing (the default).
+  static CheckpointPolicy none();
+  // Every unit except the root.
+  static CheckpointPolicy all_units();
+  // Units whose module is an M (e.g. the transformer block). Selecting a module that is not a
+  // unit (one fsdp cannot intercept, or one the wrap policy left out) is an error naming it.
+  template <class... M>
+  static CheckpointPolicy by_type() {
+    CheckpointPolicy p;
+    p.name_ = "by_type(" + WrapPolicy::type_names<M...>() + ")";
+    p.match_ = [](const torch::nn::Module& m) { return (WrapPolicy::is_a<M>(m) || ...); };
+    return p;
+  }
+  bool enabled() const { return all_ || match_ != nullptr; }
+  bool all_units_selected() const { return all_; }
+  // by_type: whether `module` is one of the types.
+  bool matches(const torch::nn::Module& module) const { return match_ && match_(module); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_ = "none";
+  std::function<bool(const torch::nn::Module&)> match_;
+  bool all_ = false;
 };
 
 class FSDPStrategy {
@@ -150,6 +183,8 @@ class FSDPStrategy {
   // Broadcast rank 0's parameters and buffers when sharding, so every rank starts equal even if
   // their initialisations differ. Default on.
   FSDP_OPTION(bool, sync_module_states, true)
+  // Which units recompute their forward in backward (CheckpointPolicy above). Default none.
+  FSDP_OPTION(CheckpointPolicy, activation_checkpointing, CheckpointPolicy::none())
 #undef FSDP_OPTION
 
  public:
