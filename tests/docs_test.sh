@@ -42,8 +42,8 @@ done
 
 # Defaults: "README.md:LINE TOOL FLAG README_DEFAULT" for each table row. A row belongs to the
 # tool its section's heading names (fsdp-run, else fsdp-train). The README's cell may explain
-# its value ("0 (auto)"): its first word is what must equal --help's default. Where --help shows
-# no default, the cell must not claim a number.
+# its value ("0 (auto)") or quote it ("The "): its first word is what must equal --help's
+# default. Where --help shows no default, the cell must not claim a number.
 awk '/^```/ { fenced = !fenced; next }
      fenced { next }
      /^#+ / { tool = ($0 ~ /fsdp-run/) ? "fsdp-run" : "fsdp-train" }
@@ -51,7 +51,7 @@ awk '/^```/ { fenced = !fenced; next }
        row = $0; gsub(/\\\|/, "/", row)  # an escaped \| inside a cell
        split(row, cell, "|")
        flag = cell[2]; sub(/^ *`/, "", flag); sub(/[ `].*/, "", flag)
-       d = cell[3]; gsub(/`/, "", d); sub(/^ +/, "", d); sub(/ .*/, "", d)
+       d = cell[3]; gsub(/[`"]/, "", d); sub(/^ +/, "", d); sub(/ .*/, "", d)
        print "README.md:" NR " " tool " " flag " " d
      }' "$readme" >"$work/rows"
 while read -r where tool flag doc; do
