@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,24 +54,53 @@ int main(int argc, char** argv) {
   launch.nproc_per_node = 4;
   std::vector<int64_t> sizes = {1, 4, 16, 64};
   int iters = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--devices") launch.nproc_per_node = std::atoll(argv[i + 1]);
-    else if (flag == "--sizes") {
+  const char* usage =
+      "usage: bench_collectives [--devices N] [--sizes MiB,MiB,...] [--iters K]\n"
+      "  Times all-gather, reduce-scatter (every algorithm) and all-reduce on N local ranks\n"
+      "  (default 4) for each buffer size in MiB (default 1,4,16,64), median of K runs\n"
+      "  (default 5) after a warm-up, and prints one row per collective and size.\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::cout << usage;
+      return 0;
+    }
+    if (flag != "--devices" && flag != "--sizes" && flag != "--iters") {
+      std::cerr << "bench_collectives: error: unknown argument '" << flag << "'\n" << usage;
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::cerr << "bench_collectives: error: " << flag << " needs a value\n" << usage;
+      return 2;
+    }
+    const std::string value = argv[++i];
+    if (flag == "--sizes") {
       try {
-        sizes = fsdp::parse_mesh_shape(argv[i + 1]);  // the same "a,b,c" list syntax
+        sizes = fsdp::parse_mesh_shape(value);  // the same "a,b,c" list syntax
       } catch (const fsdp::Error&) {
-        std::cerr << "bench_collectives: error: --sizes '" << argv[i + 1]
+        std::cerr << "bench_collectives: error: --sizes '" << value
                   << "' must be MiB sizes separated by commas, e.g. 1,4,16\n";
         return 2;
       }
+      for (int64_t mib : sizes) {
+        if (mib < 1 || mib > 65536) {
+          std::cerr << "bench_collectives: error: --sizes '" << value << "' has " << mib
+                    << "; sizes are MiB from 1 to 65536\n";
+          return 2;
+        }
+      }
+      continue;
     }
-    else if (flag == "--iters") iters = std::atoi(argv[i + 1]);
-    else {
-      std::cerr << "bench_collectives: error: unknown flag " << flag
-                << "; use --devices N --sizes 1,4,16 --iters 5\n";
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno == ERANGE || n < 1 || n > 1000000) {
+      std::cerr << "bench_collectives: error: " << flag << " '" << value
+                << "' is invalid; use a whole number from 1 to 1000000\n";
       return 2;
     }
+    if (flag == "--devices") launch.nproc_per_node = n;
+    if (flag == "--iters") iters = static_cast<int>(n);
   }
   try {
     if (auto rc = fsdp::launch_self(argc, argv, launch)) return *rc;
