@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
       loss.backward();
       model.clip_grad_norm(1.0);
       optimizer.step();
-      (step == 0 ? first : last) = loss.item<double>();
+      last = loss.item<double>();
+      if (step == 0) first = last;
       if (rank == 0 && step % 20 == 0) std::cout << "step " << step << " loss " << last << "\n";
     }
     if (rank == 0) {
