@@ -2,7 +2,7 @@
 # fsdp-train against PyTorch's DistributedDataParallel on the same work: the same GPT, batch,
 # optimizer and world size, with the same libtorch. Run it where python3-torch matches the
 # libtorch fsdp was built with, e.g. in the libtorch 2.6 chroot:
-#   ../shared/tools/libtorch2-chroot run bench/compare_ddp.sh build-lt2
+#   scripts/libtorch2-chroot.sh run bench/compare_ddp.sh build-lt2
 # A benchmark, not a test: it prints numbers.
 # usage: bench/compare_ddp.sh BUILD_DIR [DEVICES] [MODEL] [STEPS] [GLOBAL_BATCH] [SEQ_LEN]
 set -eu

@@ -1,5 +1,5 @@
 // A Group on c10d (see c10d_group.h), including the reduce-scatter and all-gather fallbacks for
-// backends without flat collectives (Gloo in libtorch 1.13, ../shared/NOTES.md): rings over
+// backends without flat collectives (Gloo in libtorch 1.13, docs/platform.md): rings over
 // send/recv, which move (S-1)/S of the buffer per rank like the native ones.
 #include "c10d_group.h"
 
