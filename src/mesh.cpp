@@ -73,7 +73,10 @@ MeshLayout MeshLayout::resolve(const std::vector<int64_t>& shape_in, int64_t wor
     }
     FSDP_CHECK(v >= 1, "device_mesh ", given, ": dim ", d, " is ", v,
                "; every dim must be >= 1 (or a single -1 to infer it)");
-    known *= v;
+    // Dims whose product overflows int64 (found by fuzz_mesh_strategy) are far too large too.
+    FSDP_CHECK(!__builtin_mul_overflow(known, v, &known), "device_mesh ", given,
+               " has more ranks than the world of ", world_size, " processes; ",
+               suggestion(shape_in.size(), world_size, shape_in.back()));
   }
   std::vector<int64_t> shape = shape_in;
   if (inferred >= 0) {

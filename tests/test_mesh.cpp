@@ -79,6 +79,11 @@ TEST(MeshLayout, Errors) {
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2, 2}, 8); }).find("has 3 dims"),
             std::string::npos);
   EXPECT_NE(error_of([] { MeshLayout::resolve({}, 8); }).find("empty"), std::string::npos);
+  // Found by fuzz_mesh_strategy: dims whose product overflows int64 were undefined behaviour
+  // (UBSan: signed integer overflow), not an error.
+  EXPECT_EQ(error_of([] { MeshLayout::resolve({3333333333333333, 33334}, 4); }),
+            "device_mesh (3333333333333333, 33334) has more ranks than the world of 4 processes; "
+            "use (2, 2) or (-1, 2)");
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4, {"a", "a"}); }).find("used twice"),
             std::string::npos);
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4).dim_index("tensor"); })
