@@ -12,6 +12,7 @@
 # prints why and exits 77, which ctest reports as skipped.
 # usage: two_hosts_test.sh BUILD_DIR [STEPS]
 set -uo pipefail
+export PATH=$PATH:/usr/sbin:/sbin   # ip, tc, nft
 
 build=$1
 steps=${2:-12}
@@ -123,7 +124,7 @@ impair_link() {
 }
 
 # --- reference: one host, 4 ranks on loopback.
-"$train" --devices 4 --mesh 2,2 --strategy hybrid_shard --model tiny --global-batch 8 --seq-len 32 \
+timeout -s KILL 300 "$train" --devices 4 --mesh 2,2 --strategy hybrid_shard --model tiny --global-batch 8 --seq-len 32 \
   --threads 1 --quiet --steps "$steps" --metrics "$work/ref.jsonl" >"$work/ref.log" 2>&1 \
   || { cat "$work/ref.log"; echo "FAIL: the single-host reference run failed"; exit 1; }
 [ "$(losses "$work/ref.jsonl" | wc -l)" -eq "$steps" ] || { echo "FAIL: reference has no $steps losses"; exit 1; }
