@@ -35,6 +35,9 @@ mounts() {
     mountpoint -q "$ROOT/$d" || mount --bind "/$d" "$ROOT/$d"
   done
   mkdir -p "$ROOT/dev/shm"; mountpoint -q "$ROOT/dev/shm" || mount -t tmpfs tmpfs "$ROOT/dev/shm"
+  # The host's names: torchrun's c10d rendezvous tells workers its host name (getfqdn()), which
+  # must resolve inside the chroot too.
+  grep -q " $ROOT/etc/hosts " /proc/mounts || mount --bind /etc/hosts "$ROOT/etc/hosts"
 }
 
 case "${1:-}" in
