@@ -59,7 +59,12 @@ class SequentialUnitImpl : public torch::nn::Module {
     unit_pre_forward(unit_);
     at::Tensor out;
     try {
-      out = inner_.forward(std::move(x));
+      if (auto opts = unit_checkpoint(unit_)) {
+        out = fsdp::checkpoint(*opts, [this](at::Tensor t) { return inner_.forward(std::move(t)); },
+                         std::move(x));
+      } else {
+        out = inner_.forward(std::move(x));
+      }
     } catch (const c10::Error& e) {
       throw Error(detail::cat("Sequential child '", path_, "' is an fsdp unit but its forward is "
                               "not Tensor -> Tensor (", error_message(e), "); leave it out of the "
@@ -87,6 +92,15 @@ std::string display(const std::string& unit_name) {
 void unit_pre_forward(UnitState* u) { u->engine->pre_forward(*u); }
 void unit_post_forward(UnitState* u, const std::vector<at::Tensor>& outputs) {
   u->engine->post_forward(*u, outputs);
+}
+std::optional<ActivationCheckpointOptions> unit_checkpoint(UnitState* u) {
+  return u->engine->checkpoint_options(*u);
+}
+void unit_not_checkpointable(UnitState* u) {
+  FSDP_CHECK(!u->checkpointed, "activation checkpointing policy selects unit '", u->name, "' but "
+             "the argument or result types of its forward cannot be stored for recomputation "
+             "(supported: tensors, std::vector<Tensor>, c10::optional<Tensor>, numbers, enums and "
+             "strings, taken by value or const reference); leave it out of the policy");
 }
 void root_pre_forward(Engine* e) { e->root_pre_forward(); }
 void root_abort_forward(Engine* e) { e->root_abort_forward(); }
@@ -209,6 +223,7 @@ void Engine::build() {
     u->trainable_params = trainable;
     units_.push_back(std::move(u));
   }
+  select_checkpointed_units(by_path);
   // 4. Flatten, optionally broadcast rank 0's values, shard.
   for (auto& u : units_) flatten_and_shard(*u, strategy_.sync_module_states());
   if (strategy_.sync_module_states() && runtime_->world_size() > 1) {
@@ -292,6 +307,51 @@ void Engine::wrap_sequential_child(UnitState& u, const ModuleMap& modules) {
   TORCH_INTERNAL_ASSERT(false, "unit ", path, " not found in its Sequential");
 }
 
+void Engine::select_checkpointed_units(const ModuleMap& modules) {
+  const CheckpointPolicy& policy = strategy_.activation_checkpointing();
+  if (!policy.enabled()) return;
+  std::map<const torch::nn::Module*, UnitState*> unit_of;
+  for (auto& u : units_) {
+    if (u->index > 0) unit_of[u->module] = u.get();
+  }
+  for (const auto& [path, module] : modules) {
+    const auto it = unit_of.find(module.get());
+    if (policy.all_units_selected()) {
+      if (it != unit_of.end()) it->second->checkpointed = true;
+      continue;
+    }
+    if (!policy.matches(*module)) continue;
+    FSDP_CHECK(it != unit_of.end(), "activation checkpointing policy ", policy.name(), " selects '",
+               display(path), "' (", module->name(), ") but it is not an fsdp unit, and only units "
+               "can recompute their forward; make it one (fsdp::Unit<", module->name(), "> in the "
+               "model, or a torch::nn::Sequential child) that the wrap policy ",
+               strategy_.auto_wrap_policy().name(), " selects");
+    it->second->checkpointed = true;
+  }
+  // A recomputation runs the unit's own forward only: units nested inside it would run outside
+  // the model's forward.
+  for (const auto& u : units_) {
+    if (!u->checkpointed) continue;
+    for (const auto& v : units_) {
+      FSDP_CHECK(v->index == 0 || v->name.rfind(u->name + ".", 0) != 0, "activation "
+                 "checkpointing policy ", policy.name(), " selects unit '", u->name, "', which "
+                 "contains unit '", v->name, "' that its recomputation would run outside the "
+                 "model's forward; checkpoint the inner units instead (CheckpointPolicy::by_type)");
+    }
+  }
+}
+
+std::optional<ActivationCheckpointOptions> Engine::checkpoint_options(UnitState& u) {
+  if (!u.checkpointed || !torch::GradMode::is_enabled()) return std::nullopt;
+  ActivationCheckpointOptions o;
+  o.name = "activation-checkpointed unit '" + u.name + "'";
+  // The first recorded forward runs once with autograd on, so a unit whose outputs cannot carry
+  // gradients fails here with its name rather than silently losing them in backward.
+  o.check_outputs_require_grad = u.trainable && !u.checkpoint_checked;
+  u.checkpoint_checked = true;
+  return o;
+}
+
 Engine::~Engine() {
   for (auto& s : swaps_) *(s.seq->begin() + s.index) = s.original;
   for (auto& u : units_) {
@@ -341,10 +401,12 @@ void Engine::unshard(UnitState& u) {
 
 void Engine::wait_unshard(UnitState& u) {
   if (u.phase != Phase::kGathering) return;
-  u.gather->wait();
-  u.gather.reset();
+  WorkHandle gather = std::move(u.gather);
   u.gather_src.reset();
+  // Settled even if the gather failed (the buffer then holds garbage): a failed Work rethrows on
+  // every wait, so waiting on it again from cleanup code would throw a second time.
   u.phase = Phase::kUnsharded;
+  gather->wait();
 }
 
 void Engine::reshard(UnitState& u) {
@@ -381,7 +443,15 @@ UnitState* Engine::unit_before_in_forward(const UnitState& u) const {
 void Engine::root_abort_forward() {
   // M::forward threw: free whatever it gathered so the next forward starts clean.
   in_forward_ = false;
-  for (auto& u : units_) reshard(*u);
+  for (auto& u : units_) {
+    // Called from a destructor while M::forward's error propagates: a second failure (another
+    // gather of the same dead peer) must not escape, or the rank dies by std::terminate.
+    try {
+      reshard(*u);
+    } catch (const std::exception&) {
+      reshard(*u);  // the failed gather is settled now; this only frees the buffer
+    }
+  }
 }
 
 void Engine::root_pre_forward() {
@@ -856,6 +926,10 @@ FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> module
   }
   engine_ = std::make_shared<detail::Engine>(std::move(module), strategy, std::move(runtime));
   engine_->build();
+}
+
+const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModule& model) {
+  return model.engine_;
 }
 
 std::vector<at::Tensor> FullyShardedModule::parameters() const { return engine_->parameters(); }

@@ -86,6 +86,8 @@ struct UnitState {
   bool pre_backward_done = false;
   bool post_backward_done = false;
   std::optional<PendingReduce> pending;
+  bool checkpointed = false;     // activation checkpointing policy selects it
+  bool checkpoint_checked = false;  // its first recorded forward checked its outputs
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -105,6 +107,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void on_grad_ready(UnitState& u, ParamSlot& slot);
   void finalize_backward();
   at::Tensor cast_input(const at::Tensor& t) const;
+  std::optional<ActivationCheckpointOptions> checkpoint_options(UnitState& u);
 
   std::vector<at::Tensor> parameters() const;
   torch::OrderedDict<std::string, at::Tensor> named_parameters() const;
@@ -123,6 +126,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::shared_ptr<Runtime>& runtime() const { return runtime_; }
   const std::shared_ptr<DeviceMesh>& mesh() const { return mesh_; }
   c10::ScalarType param_dtype() const { return param_dtype_; }
+  // For checkpoints: the module, the groups and this rank's place in them.
+  torch::nn::Module& root_module() const { return *root_; }
+  const std::shared_ptr<Group>& shard_group() const { return shard_group_; }
+  const std::shared_ptr<Group>& replicate_group() const { return replicate_group_; }
+  // Frees every gathered copy (after the shards were overwritten: the copies are stale).
+  void drop_gathered() {
+    for (auto& u : units_) reshard(*u);
+  }
   // For tests: the unit states (root first).
   const std::vector<std::unique_ptr<UnitState>>& unit_states() const { return units_; }
 
@@ -131,6 +142,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;  // by path
   void install_hooks(UnitState& u, const ModuleMap& modules);
   void wrap_sequential_child(UnitState& u, const ModuleMap& modules);
+  void select_checkpointed_units(const ModuleMap& modules);
   void unshard(UnitState& u);
   void wait_unshard(UnitState& u);
   void reshard(UnitState& u);

@@ -1,9 +1,10 @@
-// The engine against single-process training: every strategy on every mesh of up to 8 ranks
-// (ranks as threads over Gloo), SGD and AdamW, 5 steps, every parameter compared after every
-// step with one process training the concatenated global batch.
+// The engine against single-process training: every strategy on every mesh shape of 1, 2, 3, 4
+// and 8 ranks (ranks as threads over Gloo), SGD and AdamW, 5 steps, every parameter compared
+// after every step with one process training the concatenated global batch.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 
 #include "fsdp/error.h"
@@ -156,11 +157,22 @@ std::vector<Case> all_cases() {
     // Non-hybrid strategies take a 1-D mesh (a 2-D one with a replicate dim > 1 is an error).
     for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                    ShardingStrategy::kNoShard}) {
-      for (int64_t w : {1, 2, 4, 8}) cases.push_back({s, {w}, o});
+      for (int64_t w : {1, 2, 3, 4, 8}) cases.push_back({s, {w}, o});
     }
+    // Every 2-D shape of 1, 2, 3, 4 and 8 ranks (3: an odd world, shards that do not divide).
     for (auto s : {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2}) {
-      for (auto mesh : std::vector<std::vector<int64_t>>{
-               {1, 1}, {1, 2}, {2, 1}, {1, 4}, {2, 2}, {4, 1}, {2, 4}}) {
+      for (auto mesh : std::vector<std::vector<int64_t>>{{1, 1},
+                                                         {1, 2},
+                                                         {2, 1},
+                                                         {1, 3},
+                                                         {3, 1},
+                                                         {1, 4},
+                                                         {2, 2},
+                                                         {4, 1},
+                                                         {1, 8},
+                                                         {2, 4},
+                                                         {4, 2},
+                                                         {8, 1}}) {
         cases.push_back({s, mesh, o});
       }
     }
@@ -470,6 +482,60 @@ TEST(Engine, SequentialChildrenBecomeUnits) {
       expect_close(model.state_dict(), want[step], 1e-6, 1e-5, "sequential");
     }
   });
+}
+
+// A peer that stops answering: the failed all-gather must reach the caller of model(x) or of
+// backward() as fsdp::Error. (The forward's cleanup used to wait on the same failed gather again
+// inside a destructor, so the rank died by std::terminate instead; issue 9.)
+void expect_gather_error(const std::function<void()>& fn, const std::string& what) {
+  try {
+    fn();
+    ADD_FAILURE() << what << " succeeded without its peer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_gather on the shard group [0, 1]"),
+              std::string::npos)
+        << what << ": " << e.what();
+  }
+}
+
+std::shared_ptr<torch::nn::SequentialImpl> three_linears() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8),
+                               torch::nn::Linear(8, 2))
+      .ptr();
+}
+
+TEST(Engine, FailedGatherInForwardReachesTheCaller) {
+  run_ranks(
+      2,
+      [&](Runtime& rt) {
+        auto model = shard(
+            three_linears(),
+            FSDPStrategy().auto_wrap_policy(WrapPolicy::by_type<torch::nn::LinearImpl>()),
+            std::shared_ptr<Runtime>(&rt, [](Runtime*) {}));
+        if (rt.rank() == 1) return;  // "dies": never joins rank 0's all-gathers
+        const auto x = torch::randn({4, 8});
+        // Twice: the first failure leaves the engine clean for the next forward.
+        expect_gather_error([&] { (void)model(x); }, "forward");
+        expect_gather_error([&] { (void)model(x); }, "second forward");
+      },
+      0, std::chrono::seconds(2));
+}
+
+TEST(Engine, FailedGatherInBackwardReachesTheCaller) {
+  run_ranks(
+      2,
+      [&](Runtime& rt) {
+        auto model = shard(
+            three_linears(),
+            FSDPStrategy().auto_wrap_policy(WrapPolicy::by_type<torch::nn::LinearImpl>()),
+            std::shared_ptr<Runtime>(&rt, [](Runtime*) {}));
+        auto loss = model(torch::randn({4, 8})).sum();  // both ranks: gathers succeed
+        if (rt.rank() == 1) return;  // dies before backward
+        // FULL_SHARD freed the units after forward; backward's re-gather (in an autograd hook)
+        // fails, and backward() throws.
+        expect_gather_error([&] { loss.backward(); }, "backward");
+      },
+      0, std::chrono::seconds(2));
 }
 
 TEST(Engine, MinParamsPolicyPicksLargeChildren) {

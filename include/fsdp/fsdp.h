@@ -6,6 +6,8 @@
 //                                                .device_mesh({2, 4}));
 #pragma once
 
+#include "fsdp/activation_checkpoint.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"
 #include "fsdp/error.h"

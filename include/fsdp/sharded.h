@@ -41,12 +41,14 @@
 #include <torch/ordered_dict.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "fsdp/activation_checkpoint.h"
 #include "fsdp/strategy.h"
 
 namespace torch::optim {
@@ -55,12 +57,21 @@ class Optimizer;
 
 namespace fsdp {
 
+class FullyShardedModule;
+
 namespace detail {
 class Engine;
 struct UnitState;
+// The engine behind a sharded module (checkpoint.cpp reads its layout).
+const std::shared_ptr<Engine>& engine_of(const FullyShardedModule& model);
 // Called by UnitImpl::forward around M::forward.
 void unit_pre_forward(UnitState* unit);
 void unit_post_forward(UnitState* unit, const std::vector<at::Tensor>& outputs);
+// How to checkpoint the unit's forward now; nullopt unless the activation checkpointing policy
+// selects it and autograd is recording.
+std::optional<ActivationCheckpointOptions> unit_checkpoint(UnitState* unit);
+// Throws if the policy selects the unit: its forward's argument or result types cannot be stored.
+void unit_not_checkpointable(UnitState* unit);
 void root_pre_forward(Engine* engine);
 void root_abort_forward(Engine* engine);
 void root_post_forward(Engine* engine, const std::vector<at::Tensor>& outputs);
@@ -113,12 +124,23 @@ class UnitHooks {
   bool fsdp_sharded() const { return fsdp_unit_ != nullptr; }
 
  protected:
-  template <class R, class F>
-  R fsdp_run(F&& body) {
+  // Runs body(args...) between the unit's pre- and post-forward, checkpointed if the policy says
+  // (`Rvalues`: body accepts its stored arguments as rvalues, which recomputation needs).
+  template <class R, bool Rvalues, class F, class... A>
+  R fsdp_run(F&& body, A&&... args) {
     detail::UnitState* u = fsdp_unit_;
-    if (!u) return body();
+    if (!u) return body(std::forward<A>(args)...);
     detail::unit_pre_forward(u);
-    R out = body();
+    R out = [&]() -> R {
+      if constexpr (Rvalues && detail::checkpointable_v<R, F, A...>) {
+        if (auto opts = detail::unit_checkpoint(u)) {
+          return detail::checkpoint_as<R>(*opts, body, std::forward<A>(args)...);
+        }
+      } else {
+        detail::unit_not_checkpointable(u);
+      }
+      return body(std::forward<A>(args)...);
+    }();
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(tensors, out);
     detail::unit_post_forward(u, tensors);
@@ -140,7 +162,10 @@ class UnitImpl<M, R (M::*)(Args...)> : public M, public UnitHooks {
  public:
   using M::M;
   R forward(Args... args) {
-    return fsdp_run<R>([&]() -> R { return M::forward(std::forward<Args>(args)...); });
+    constexpr bool rvalues = std::is_invocable_v<R (M::*)(Args...), M*, std::decay_t<Args>&&...>;
+    return fsdp_run<R, rvalues>(
+        [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
+        std::forward<Args>(args)...);
   }
 };
 
@@ -149,7 +174,10 @@ class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
  public:
   using M::M;
   R forward(Args... args) {
-    return fsdp_run<R>([&]() -> R { return M::forward(std::forward<Args>(args)...); });
+    constexpr bool rvalues = std::is_invocable_v<R (M::*)(Args...) const, M*, std::decay_t<Args>&&...>;
+    return fsdp_run<R, rvalues>(
+        [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
+        std::forward<Args>(args)...);
   }
 };
 
@@ -248,6 +276,7 @@ class FullyShardedModule {
  protected:
   FullyShardedModule(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
                      std::shared_ptr<Runtime> runtime);
+  friend const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModule&);
   std::shared_ptr<detail::Engine> engine_;
 };
 
