@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: all setup configure build test demo clean
+.PHONY: all setup configure build test demo clean libtorch2-chroot sanitize fuzz
 
 all: build
 
@@ -19,8 +19,38 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(CTEST_JOBS)
 
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, built with Debian's clang (README
+# "Testing": options and suppressions, each with its reason). libtorch itself is not instrumented.
+SANITIZE_BUILD ?= build-asan
+SAN_DIR := $(CURDIR)/tests/sanitizers
+sanitize: setup
+	./scripts/setup-fuzz.sh
+	CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_BENCH=OFF
+	cmake --build $(SANITIZE_BUILD)
+	cd $(SANITIZE_BUILD) && \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
+	  UBSAN_OPTIONS=suppressions=$(SAN_DIR)/ubsan.supp:print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(CTEST_JOBS)
+
+# libFuzzer targets (tests/fuzz) built with Debian's clang, run 20 s each from the seed corpus.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
+fuzz: setup
+	./scripts/setup-fuzz.sh
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DFSDP_FUZZ=ON -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_TESTS=OFF -DFSDP_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_BUILD) --target fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options
+	./tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 demo: build
 	./scripts/demo.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
+
+# A Debian 13 chroot with libtorch 2.6 and torchrun 2.6 (root, a Debian mirror; ~5 min, ~2 GB):
+# the real torchrun test runs there (tests/launchers/torchrun_test.sh); see the script's header.
+libtorch2-chroot:
+	./scripts/libtorch2-chroot.sh setup

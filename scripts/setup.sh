@@ -11,7 +11,13 @@ PACKAGES=(
   libgtest-dev                    # tests
   libcli11-dev                    # command-line parsing for the tools
   nlohmann-json3-dev              # JSON for --json reports and metrics
+  zlib1g-dev                      # CRC-32 of checkpoint files
+  python3-torch                   # tests: Python reads our full checkpoints (torch.load)
   gnuplot-nox                     # loss-curve plots (fsdp-plot, fsdp-train --plot)
+  iproute2                        # ip netns / veth / tc netem: the two-hosts test
+  nftables                        # packet loss on that test's link where the kernel lacks netem
+  openmpi-bin                     # the real mpirun test (tests/launchers)
+  slurmctld slurmd slurm-client munge  # the real SLURM test: a cluster the test starts itself
 )
 
 missing=()

@@ -2,14 +2,24 @@
 //
 // NOTE [libtorch versions]
 // - 1.13: c10d backends derive from ProcessGroup; Gloo lacks _allgather_base and
-//   _reduce_scatter_base (../shared/NOTES.md), so collectives.cpp falls back to bandwidth-optimal
+//   _reduce_scatter_base (docs/platform.md), so collectives.cpp falls back to bandwidth-optimal
 //   compositions of the calls it does have.
 // - 2.x: backends derive from c10d::Backend; Gloo has both flat collectives; TCPStore defaults to a
 //   libuv server that Debian's build lacks, so we ask for the classic one.
+// - torch::optim keys its per-parameter state by the TensorImpl's address printed as a string in
+//   1.13, by the address itself in 2.x (optimizer_state_key).
+// - The rendezvous store's server listens on every interface in 1.13 (TCPStoreOptions has no
+//   address and no way to pass a socket); since 2.2 `masterListenFd` hands it a socket we bound to
+//   the master address ourselves (kStoreBindsMasterAddr, README "Security").
 // Nothing outside this file tests TORCH_VERSION_*.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_utils.h>
 #include <torch/version.h>
+
+#include <type_traits>
+#include <utility>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -32,6 +42,30 @@ using C10dBackend = c10d::Backend;
 constexpr bool kGlooHasFlatCollectives = false;
 using C10dBackend = c10d::ProcessGroup;
 #endif
+
+// The key of `param`'s entry in torch::optim::Optimizer::state().
+inline auto optimizer_state_key(const at::Tensor& param) {
+#if TORCH_VERSION_MAJOR >= 2
+  return static_cast<void*>(param.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
+}
+
+template <typename Options, typename = void>
+struct HasMasterListenFd : std::false_type {};
+template <typename Options>
+struct HasMasterListenFd<Options, std::void_t<decltype(std::declval<Options&>().masterListenFd)>>
+    : std::true_type {};
+// Whether the store's server can listen on a socket we bound (to the master address only).
+constexpr bool kStoreBindsMasterAddr = HasMasterListenFd<c10d::TCPStoreOptions>::value;
+
+// Hands `fd` (bound and listening on opts.port) to the server, which then owns it. Only where
+// kStoreBindsMasterAddr.
+template <typename Options>
+void set_store_listen_fd(Options& opts, int fd) {
+  if constexpr (HasMasterListenFd<Options>::value) opts.masterListenFd = fd;
+}
 
 inline c10d::TCPStoreOptions tcp_store_options() {
   c10d::TCPStoreOptions opts;

@@ -98,6 +98,42 @@ std::string local_address_towards(const std::string& host, int port) {
   return result;
 }
 
+// Rank 0's listening socket for the rendezvous store, bound to the master address only (not to
+// every interface, which is what c10d does on its own): README "Security". Returns the fd, which
+// the store's server then owns. Prefers IPv4, like local_address_towards.
+int listen_on_master_address(const std::string& host, int port) {
+  std::string last_error = "no address";
+  for (int family : {AF_INET, AF_INET6}) {
+    addrinfo hints{};
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) continue;
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 2048) == 0) {
+        freeaddrinfo(res);
+        return fd;
+      }
+      const int err = errno;
+      last_error = std::strerror(err);
+      ::close(fd);
+      if (err == EADDRINUSE) {
+        freeaddrinfo(res);
+        throw Error(detail::cat("rank 0 could not host the rendezvous store: port ", port,
+                                " is already in use; choose another --master-port / MASTER_PORT"));
+      }
+    }
+    freeaddrinfo(res);
+  }
+  throw Error(detail::cat("rank 0 cannot listen on the master address ", host, ":", port, " (",
+                          last_error, "): rank 0 hosts the rendezvous store, so --master-addr / "
+                          "MASTER_ADDR must be an address of rank 0's own host"));
+}
+
 // c10d logs every retry of a failing connection through glog (a line a second, after a "Logging
 // before InitGoogleLogging" banner), and the error we throw already carries the reason: keep
 // glog quiet while a rank connects to the store. A no-op where libtorch does not log via glog.
@@ -186,11 +222,35 @@ struct Runtime::Impl {
 };
 
 struct RuntimeFactory {
+  // Rank 0 records which job owns the store; the others compare, so a rank that reached another
+  // job's store (two srun steps on one derived port) fails naming both instead of joining it.
+  static void check_same_job(Runtime::Impl& m) {
+    const ClusterEnv& env = m.env;
+    if (env.rank == 0) {
+      m.store->set("fsdp/job", bytes(env.job_id));
+      return;
+    }
+    std::string owner;
+    try {
+      m.store->wait({"fsdp/job"}, m.options.timeout);
+      owner = text(m.store->get("fsdp/job"));
+    } catch (const std::exception&) {
+      throw Error(detail::cat("rendezvous at ", env.master_addr, ":", env.master_port,
+                              ": rank 0 did not arrive within ", seconds(m.options.timeout),
+                              "; start it (same --devices and --num-nodes on every node) or "
+                              "raise --timeout"));
+    }
+    FSDP_CHECK(owner == env.job_id, "rank ", env.rank, " (", env.job_id, ") reached the "
+               "rendezvous store at ", env.master_addr, ":", env.master_port, " of another job (",
+               owner, "); give each job its own MASTER_PORT");
+  }
+
   // Meets the other ranks on impl's store, creates the world group and the Runtime.
   static std::shared_ptr<Runtime> finish(std::unique_ptr<Runtime::Impl> impl) {
     auto& m = *impl;
     const ClusterEnv& env = m.env;
     if (env.world_size > 1) {
+      if (!env.job_id.empty()) check_same_job(m);
       int64_t arrived = m.arrive_and_wait("fsdp/join", env.world_size, /*wait=*/true);
       FSDP_CHECK(arrived == env.world_size, "rendezvous at ", env.master_addr, ":",
                  env.master_port, ": only ", arrived, " of ", env.world_size,
@@ -255,13 +315,23 @@ std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptio
   }
   auto opts = compat::tcp_store_options();
   opts.port = static_cast<uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0;
+  // torchrun 2.x's agent already hosts the store on MASTER_PORT: every rank is a client then.
+  opts.isServer = env.rank == 0 && !env.use_agent_store;
   opts.numWorkers = static_cast<size_t>(env.world_size);
   opts.waitWorkers = false;  // our own join (RuntimeFactory::finish) names the missing ranks
   opts.timeout = options.timeout;
+  if (compat::kStoreBindsMasterAddr && opts.isServer) {
+    compat::set_store_listen_fd(opts, listen_on_master_address(env.master_addr, env.master_port));
+  }
   try {
     QuietGlog quiet;
     impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    if (env.use_agent_store) {
+      // The agent's store outlives restarts: each attempt keeps to its own keys, with the prefix
+      // PyTorch's env:// rendezvous used for agent stores.
+      impl->store = c10::make_intrusive<c10d::PrefixStore>(
+          detail::cat("/worker/attempt_", env.restart_count), impl->store);
+    }
   } catch (const std::exception& e) {
     const std::string reason = error_message(e);
     if (env.rank == 0 && reason.find("in use") != std::string::npos) {
@@ -272,8 +342,12 @@ std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptio
     throw Error(detail::cat("rank ", env.rank, " could not reach the rendezvous store at ",
                             env.master_addr, ":", env.master_port, " within ",
                             seconds(options.timeout), " (", reason,
-                            "); check that rank 0 runs and that --master-addr / MASTER_ADDR and "
-                            "--master-port / MASTER_PORT point to it, or raise --timeout"));
+                            env.use_agent_store
+                                ? "); it is hosted by torchrun's agent (TORCHELASTIC_USE_AGENT_"
+                                  "STORE=True): check that torchrun on the first node runs"
+                                : "); check that rank 0 runs and that --master-addr / MASTER_ADDR "
+                                  "and --master-port / MASTER_PORT point to it, or raise "
+                                  "--timeout"));
   }
   return RuntimeFactory::finish(std::move(impl));
 }
@@ -292,11 +366,13 @@ Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Runtime::~Runtime() {
   if (!impl_ || impl_->env.world_size == 1) return;
+  // A rank leaving on an error does not touch the store: the store may be what failed (a lost
+  // link, a dead rank 0), and each store call would add up to another timeout to the failure.
+  if (std::uncaught_exceptions() > 0) return;
   // Rank 0 hosts the store: it must outlive every other rank's last use of it.
   try {
     impl_->world.reset();
-    const bool wait = impl_->env.rank == 0 && std::uncaught_exceptions() == 0;
-    impl_->arrive_and_wait("fsdp/exit", impl_->env.world_size, wait);
+    impl_->arrive_and_wait("fsdp/exit", impl_->env.world_size, impl_->env.rank == 0);
   } catch (...) {  // a destructor must not throw; peers that died are reported elsewhere
   }
 }
@@ -365,6 +441,34 @@ void Runtime::check_agreement(const std::string& what, const std::string& value)
   throw Error(detail::cat("ranks disagree on the ", what, ": rank 0 has '", first, "' but rank ",
                           mismatch.substr(0, nl), " has '", mismatch.substr(nl + 1),
                           "'; start every rank with the same arguments"));
+}
+
+void Runtime::check_all_ok(const std::string& what, const std::string& local_error) {
+  const int64_t W = world_size();
+  if (W == 1) {
+    FSDP_CHECK(local_error.empty(), what, " failed: ", local_error);
+    return;
+  }
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    id = impl_->agreements++;
+  }
+  auto& store = *impl_->store;
+  const std::string key = detail::cat("fsdp/agree/", id, "/");
+  if (!local_error.empty()) store.set(key + "error/" + std::to_string(rank()), bytes(local_error));
+  store.add(key + "failures", local_error.empty() ? 0 : 1);
+  int64_t arrived = impl_->arrive_and_wait(key + "checked", W, /*wait=*/true);
+  FSDP_CHECK(local_error.empty(), what, " failed: ", local_error);
+  FSDP_CHECK(arrived == W, "only ", arrived, " of ", W, " ranks finished ", what, " within ",
+             seconds(impl_->options.timeout), "; a rank is missing or stuck");
+  if (store.add(key + "failures", 0) == 0) return;
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string k = key + "error/" + std::to_string(r);
+    if (!store.check({k})) continue;
+    throw Error(detail::cat(what, " failed on rank ", r, ": ", text(store.get(k))));
+  }
+  throw Error(detail::cat(what, " failed on another rank"));
 }
 
 }  // namespace fsdp

@@ -111,13 +111,14 @@ TEST(Launcher, TorchrunEnvironment) {
 }
 
 TEST(Launcher, SlurmEnvironment) {
-  // The port comes from the job id (15000 + id % 10000): pick an id whose port is free.
+  // The port comes from the job and step ids (fsdp::slurm_port_for_step): pick a job id whose
+  // port is free.
   int job = 0;
   for (int id = 1000 + (::getpid() % 5000); id < 10000; ++id) {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_port = htons(15000 + id);
+    a.sin_port = htons(fsdp::slurm_port_for_step(std::to_string(9990000 + id), 0));
     bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
     ::close(fd);
     if (ok) {
@@ -131,6 +132,7 @@ TEST(Launcher, SlurmEnvironment) {
         {"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"},
         {"SLURM_LOCALID", std::to_string(r)}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"},
         {"SLURM_NODELIST", "localhost"}, {"SLURM_JOB_ID", std::to_string(9990000 + job)},
+        {"SLURM_STEP_ID", "0"},
         {"MASTER_ADDR", ""}, {"MASTER_PORT", ""}};
   });
   for (auto& res : results) {

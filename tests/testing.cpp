@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -25,6 +26,18 @@
 extern char** environ;
 
 namespace fsdp::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/fsdp-test-XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  if (!made) throw std::runtime_error(std::string("mkdtemp failed: ") + std::strerror(errno));
+  path_ = made;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
 
 void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t local_world,
                std::chrono::milliseconds timeout, CollectiveAlgorithm algorithm) {

@@ -56,6 +56,21 @@ ProcessResult run(const std::vector<std::string>& argv,
                   const std::map<std::string, std::string>& env = {},
                   std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
+// A fresh directory under /tmp, removed with everything in it when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string operator/(const std::string& name) const { return file(name); }
+
+ private:
+  std::string path_;
+};
+
 // A TCP port nobody listens on right now.
 int free_port();
 

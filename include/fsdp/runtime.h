@@ -75,6 +75,14 @@ class Runtime {
   // cannot hang on mismatched collectives.
   void check_agreement(const std::string& what, const std::string& value);
 
+  // Makes a local failure everyone's: each rank passes "" if its part of `what` succeeded, else
+  // its error message. Returns on every rank if all succeeded; otherwise throws fsdp::Error on
+  // every rank: a failed rank its own ("<what> failed: ..."), the others the lowest failed
+  // rank's ("<what> failed on rank k: ..."), so
+  // no rank goes on into a collective its peers will never join. Store only; call on every rank
+  // in the same order.
+  void check_all_ok(const std::string& what, const std::string& local_error);
+
   struct Impl;  // defined in runtime.cpp; tests build runtimes on an in-process store through it
 
  private:

@@ -1,7 +1,9 @@
 // fsdp-train's model: a GPT-style decoder over bytes. Token and position embeddings, N pre-norm
 // blocks (causal self-attention with hand-written q/k/v/out projections, libtorch 1.13 having no
 // scaled_dot_product_attention; an MLP with GELU), a final LayerNorm and an LM head.
-// No dropout, so a run is deterministic. Each block is one FSDP unit (fsdp::Unit, see
+// Dropout (--dropout, default 0) on the attention and MLP outputs; with the same seed a run is
+// deterministic either way (activation checkpointing replays the random draws). Each block is one
+// FSDP unit (fsdp::Unit, see
 // NOTE [intercepting forward] in fsdp/sharded.h); embeddings, final norm and head form the root.
 #pragma once
 
@@ -18,7 +20,7 @@
 namespace fsdp_train {
 
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const ModelPreset& c) : n_heads(c.n_heads) {
+  explicit BlockImpl(const ModelPreset& c) : n_heads(c.n_heads), dropout(c.dropout) {
     const int64_t d = c.d_model;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     q = register_module("q", torch::nn::Linear(d, d));
@@ -31,8 +33,12 @@ struct BlockImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = x + attention(ln1(x));
-    return x + proj(torch::gelu(fc(ln2(x))));
+    x = x + drop(attention(ln1(x)));
+    return x + drop(proj(torch::gelu(fc(ln2(x)))));
+  }
+
+  torch::Tensor drop(const torch::Tensor& t) {
+    return dropout > 0 ? torch::dropout(t, dropout, is_training()) : t;
   }
 
   // Causal multi-head self-attention: softmax(q k^T / sqrt(dh) + causal mask) v.
@@ -51,6 +57,7 @@ struct BlockImpl : torch::nn::Module {
   }
 
   int64_t n_heads;
+  double dropout;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, out{nullptr}, fc{nullptr}, proj{nullptr};
 };

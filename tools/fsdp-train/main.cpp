@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <iostream>
 
@@ -29,7 +30,15 @@ int fail(int code, const std::string& message, const std::string& where = "") {
   for (char& c : line) {
     if (c == '\n' || c == '\r') c = ' ';
   }
-  std::cerr << "fsdp-train: error: " << where << line << "\n";
+  // One write(2): ranks sharing a terminal must not interleave their lines (issue 9).
+  line = "fsdp-train: error: " + where + line + "\n";
+  std::cerr.flush();
+  for (size_t done = 0; done < line.size();) {
+    ssize_t n = ::write(2, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
   return code;
 }
 
@@ -66,10 +75,24 @@ int main(int argc, char** argv) {
       if (app.count("--node-rank")) given.node_rank = launch.node_rank;
       if (app.count("--master-addr")) given.master_addr = launch.master_addr;
       if (app.count("--master-port")) given.master_port = launch.master_port;
+      if (app.count("--max-restarts")) given.max_restarts = launch.max_restarts;
       fsdp::check_matches_environment(given, env);
+      env = fsdp::apply_master_flags(given, env);  // e.g. --master-port under srun
       plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
     } else {
-      fsdp::validate(launch);
+      if (o.dry_run && launch.num_nodes > 1) {
+        // A dry run starts nothing, so a multi-node plan needs no --master-port: check the
+        // node flags here and the rest as for one node.
+        FSDP_CHECK(launch.node_rank >= 0 && launch.node_rank < launch.num_nodes, "--node-rank ",
+                   launch.node_rank, " is outside 0..", launch.num_nodes - 1, " for --num-nodes ",
+                   launch.num_nodes);
+        fsdp::LaunchOptions one_node = launch;
+        one_node.num_nodes = 1;
+        one_node.node_rank = 0;
+        fsdp::validate(one_node);
+      } else {
+        fsdp::validate(launch);
+      }
       plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
                                        launch.nproc_per_node);
     }

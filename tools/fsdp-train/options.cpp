@@ -1,6 +1,7 @@
 // fsdp-train's flag table and validation (see options.h).
 #include "options.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,10 +12,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
 #include "fsdp/error.h"
+#include "fsdp/report.h"
 #include "plot.h"
 
 namespace fsdp_train {
@@ -31,6 +34,11 @@ const std::vector<ModelPreset>& model_presets() {
 }
 
 const char* const kCorpusDir = "/usr/share/common-licenses";
+
+namespace {
+// More intra-op threads than this per rank is a typo, not a machine.
+constexpr int64_t kMaxThreads = 4096;
+}  // namespace
 
 const std::vector<std::string>& default_corpus_files() {
   // Checked byte-identical in Debian 12 (bookworm) and 13 (trixie); GPL-2, LGPL-2.1 and others
@@ -86,6 +94,46 @@ void check_output_path(const char* flag, const std::string& path) {
              "': directory '", dir, "' does not exist; create it first");
   FSDP_CHECK(::access(dir.c_str(), W_OK) == 0, flag, " '", path, "': directory '", dir,
              "' is not writable; choose another place");
+  // access() says yes to root everywhere (even in /proc): open the file for writing as the run
+  // will, without truncating one that exists, and remove it again if this check created it.
+  // Ranks of one node check the same path at once, hence EEXIST/ENOENT retries.
+  int err = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return;
+    }
+    err = errno;
+    if (err != EEXIST) break;
+    fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::close(fd);
+      return;
+    }
+    err = errno;
+    if (err != ENOENT) break;
+  }
+  throw fsdp::Error(cat(flag, " '", path, "' cannot be written (", std::strerror(err),
+                        "); choose another place"));
+}
+
+// The checkpoint directory exists and is writable, or can be created (its parent is writable).
+void check_checkpoint_dir(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    FSDP_CHECK(S_ISDIR(st.st_mode), "--checkpoint-dir '", dir,
+               "' is not a directory; give a directory (it is created if missing)");
+    FSDP_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--checkpoint-dir '", dir,
+               "' is not writable; choose another place");
+    return;
+  }
+  const std::string parent = parent_of(dir);
+  FSDP_CHECK(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                 ::access(parent.c_str(), W_OK | X_OK) == 0,
+             "--checkpoint-dir '", dir, "' does not exist and cannot be created in '", parent,
+             "'; create it first");
 }
 
 // Size of a readable regular file, or an error naming the flag, the path and the reason.
@@ -130,6 +178,58 @@ DataSource resolve_data(const TrainOptions& o) {
   return d;
 }
 
+// CLI11 2.1 converts integers with strtoll, which clamps what does not fit to INT64_MAX
+// silently, and reads "010" as octal and "0x10" as hex: integer flags take decimals that fit,
+// or fail echoing what was typed.
+const CLI::Validator& decimal_int64() {
+  static const CLI::Validator v(
+      [](std::string& text) -> std::string {
+        size_t i = text.size() > 0 && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+        bool digits = i < text.size();
+        for (size_t k = i; k < text.size(); ++k) {
+          digits = digits && std::isdigit(static_cast<unsigned char>(text[k]));
+        }
+        if (!digits) return cat("'", text, "' is not a whole number");
+        errno = 0;
+        (void)std::strtoll(text.c_str(), nullptr, 10);
+        if (errno == ERANGE) {
+          return cat(text, " is out of range; use a value in ",
+                     std::numeric_limits<int64_t>::min(), "..",
+                     std::numeric_limits<int64_t>::max());
+        }
+        // CLI11 reads a leading 0 as octal: pass the digits on without it.
+        const size_t first = text.find_first_not_of('0', i);
+        text = text.substr(0, i) + (first == std::string::npos ? "0" : text.substr(first));
+        return std::string();
+      },
+      "", "decimal integer");
+  return v;
+}
+
+// A batch that cannot fit would allocate until the machine swaps or the allocator gives up, in
+// the ranks, long after starting: bound it here by a lower estimate of what one micro-step
+// needs per rank against this node's memory shared by its ranks.
+void check_batch_fits(const TrainOptions& o, const TrainPlan& p) {
+  const double page = double(::sysconf(_SC_PAGESIZE)), pages = double(::sysconf(_SC_PHYS_PAGES));
+  if (page <= 0 || pages <= 0) return;  // unknown: nothing to compare against
+  const double per_rank = page * pages / double(p.local_world_size);
+  const double tokens = double(p.micro_batch) * double(o.seq_len);
+  const double T = double(o.seq_len), d = double(p.preset.d_model);
+  // fp32 activations autograd keeps, at least: ~8 d per token and the attention probabilities
+  // per block, logits and their gradient; plus every rank's int64 batch offsets (the sampler
+  // draws the whole global batch).
+  const double need = 4 * tokens * (8 * d) * double(p.preset.n_layers) +
+                      4 * double(p.micro_batch) * double(p.preset.n_heads) * T * T *
+                          double(p.preset.n_layers) +
+                      4 * tokens * double(kVocab) * 2 + 8 * double(o.global_batch);
+  FSDP_CHECK(need <= per_rank, "--global-batch ", o.global_batch, " needs at least ",
+             fsdp::format_bytes(need), " per rank (", p.micro_batch, " sequences of ", o.seq_len,
+             " bytes per micro-step, model ", p.preset.name, "), more than this node's ",
+             fsdp::format_bytes(page * pages), " of memory shared by ", p.local_world_size,
+             p.local_world_size == 1 ? " rank" : " ranks",
+             "; use a smaller --global-batch, or a larger --grad-accum");
+}
+
 }  // namespace
 
 void add_flags(CLI::App& app, TrainOptions& o) {
@@ -144,6 +244,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
       ->group(launch);
   app.add_option("--master-port", o.launch.master_port,
                  "port of rank 0's rendezvous store; 0 = pick a free one (single node only)")
+      ->group(launch);
+  app.add_option("--max-restarts", o.launch.max_restarts,
+                 "with --devices: when a rank fails, restart every rank up to N times")
       ->group(launch);
 
   const char* sharding = "Sharding";
@@ -167,9 +270,16 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--prefetch", o.prefetch,
                  "on | off: all-gather the next unit's parameters while this one computes")
       ->group(sharding);
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "every block keeps only its input in forward and recomputes its forward in "
+               "backward: less activation memory for one more forward per step")
+      ->group(sharding);
 
   const char* model = "Model and data";
   app.add_option("--model", o.model, preset_help())->group(model);
+  app.add_option("--dropout", o.dropout,
+                 "dropout probability on each block's attention and MLP outputs; 0 = none")
+      ->group(model);
   app.add_option("--data", o.data,
                  cat("training text, read as bytes (vocabulary 256); empty = the default "
                      "corpus, license texts from ",
@@ -207,6 +317,37 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "seconds a rank waits for its peers (rendezvous, collectives) before failing")
       ->group(runtime);
 
+  const char* ckpt = "Checkpoints and sampling";
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "write sharded checkpoints (model, AdamW state, step, data position, RNG) into "
+                 "DIR/step-NNNNNNNN, each rank its own shard, atomically; empty = none")
+      ->type_name("DIR")
+      ->group(ckpt);
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "steps between checkpoints (and one at the end); 0 = only at the end")
+      ->group(ckpt);
+  app.add_flag("--resume", o.resume,
+               "continue from the latest complete checkpoint in --checkpoint-dir (on any mesh, "
+               "strategy or world size); starts fresh, saying so, if there is none")
+      ->group(ckpt);
+  app.add_option("--keep-last", o.keep_last,
+                 "keep only the newest K checkpoints in --checkpoint-dir; 0 = keep all")
+      ->group(ckpt);
+  app.add_option("--export-full", o.export_full,
+                 "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
+                 "it) or FILE.safetensors, streamed one unit at a time")
+      ->type_name("FILE")
+      ->group(ckpt);
+  app.add_option("--sample", o.sample,
+                 "at the end, print N bytes sampled from the model (deterministic for --seed); "
+                 "0 = none")
+      ->type_name("N")
+      ->group(ckpt);
+  app.add_option("--prompt", o.prompt, "with --sample: the text the sample continues")->group(ckpt);
+  app.add_option("--temperature", o.temperature,
+                 "with --sample: softmax temperature; 0 = always the most likely byte")
+      ->group(ckpt);
+
   const char* output = "Output";
   app.add_option("--metrics", o.metrics,
                  "write JSON Lines from rank 0, one object per optimizer step: step, loss (mean "
@@ -230,6 +371,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   // Every option shows its default in --help, taken from TrainOptions above.
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_expected_min() > 0) opt->capture_default_str();
+    // Integer options: CLI11's "INT", or "N" where a flag names its count.
+    const std::string type = opt->get_type_name();
+    if (type == "INT" || type == "N") opt->transform(decimal_int64());
   }
 }
 
@@ -258,14 +402,19 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(std::isfinite(o.clip_grad) && o.clip_grad >= 0, "--clip-grad ", o.clip_grad,
              " is invalid; use a positive norm, or 0 to turn clipping off");
   FSDP_CHECK(o.seed >= 0, "--seed ", o.seed, " is invalid; use 0 or more");
-  FSDP_CHECK(o.launch.threads >= 0, "--threads ", o.launch.threads, " is invalid; use 1 or more (0 = auto)");
-  FSDP_CHECK(std::isfinite(o.timeout) && o.timeout > 0 && o.timeout <= 7 * 24 * 3600, "--timeout ",
-             o.timeout, " is invalid; use seconds in (0, 604800], e.g. 300");
+  FSDP_CHECK(o.launch.threads >= 0 && o.launch.threads <= kMaxThreads, "--threads ",
+             o.launch.threads, " is invalid; use 1 to ", kMaxThreads, " (0 = auto)");
+  // Timeouts count whole milliseconds.
+  FSDP_CHECK(std::isfinite(o.timeout) && o.timeout >= 0.001 && o.timeout <= 7 * 24 * 3600,
+             "--timeout ", o.timeout, " is invalid; use seconds in [0.001, 604800], e.g. 300");
 
   const std::string precision = lower(o.precision);
   FSDP_CHECK(precision == "fp32" || precision == "bf16-mixed", "--precision '", o.precision,
              "' is unknown; use fp32 or bf16-mixed");
   p.bf16 = precision == "bf16-mixed";
+  FSDP_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, "--dropout ", o.dropout,
+             " is invalid; use a probability in [0, 1), e.g. 0.1");
+  p.preset.dropout = o.dropout;
   const std::string prefetch = lower(o.prefetch);
   FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
              "' is unknown; use on or off");
@@ -293,6 +442,9 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   }
   if (p.bf16) p.strategy.mixed_precision(fsdp::MixedPrecision::bf16());
   p.strategy.forward_prefetch(prefetch == "on").backward_prefetch(prefetch == "on");
+  if (o.activation_checkpointing) {
+    p.strategy.activation_checkpointing(fsdp::CheckpointPolicy::all_units());  // the blocks
+  }
   p.strategy.timeout(std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
   try {
     p.sharding = fsdp::plan_sharding(p.strategy, world_size, local_world_size);
@@ -317,6 +469,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              p.per_rank_batch, " or a --global-batch that is a multiple of ",
              world_size * o.grad_accum);
   p.micro_batch = p.per_rank_batch / o.grad_accum;
+  check_batch_fits(o, p);
 
   FSDP_CHECK(!o.json || o.dry_run,
              "--json only applies to --dry-run; add --dry-run or drop --json");
@@ -331,6 +484,28 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
                "--plot needs gnuplot, which is not in PATH; install it "
                "(apt-get install gnuplot-nox, or make setup) or drop --plot");
   }
+  FSDP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every,
+             " is invalid; use 0 (only at the end) or more");
+  FSDP_CHECK(o.keep_last >= 0, "--keep-last ", o.keep_last, " is invalid; use 0 (keep all) or more");
+  const bool needs_dir = o.resume || o.checkpoint_every > 0 || o.keep_last > 0;
+  FSDP_CHECK(!needs_dir || !o.checkpoint_dir.empty(),
+             o.resume ? "--resume" : o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last",
+             " needs --checkpoint-dir DIR; add it");
+  if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
+  if (!o.export_full.empty()) {
+    check_output_path("--export-full", o.export_full);
+    const std::string e = lower(o.export_full);
+    auto ends = [&](const std::string& x) {
+      return e.size() > x.size() && e.compare(e.size() - x.size(), x.size(), x) == 0;
+    };
+    FSDP_CHECK(ends(".pt") || ends(".safetensors"), "--export-full '", o.export_full,
+               "' must end in .pt (torch.load) or .safetensors; e.g. --export-full model.pt");
+  }
+  FSDP_CHECK(o.sample >= 0 && o.sample <= 1000000, "--sample ", o.sample,
+             " is invalid; use 0 (none) to 1000000 bytes");
+  FSDP_CHECK(std::isfinite(o.temperature) && o.temperature >= 0 && o.temperature <= 100,
+             "--temperature ", o.temperature, " is invalid; use 0 (greedy) to 100, e.g. 0.8");
+  FSDP_CHECK(o.sample == 0 || !o.prompt.empty(), "--prompt is empty; give at least one byte");
   p.data = resolve_data(o);
   return p;
 }

@@ -25,6 +25,7 @@ struct ModelPreset {
   int64_t n_layers = 0;
   int64_t n_heads = 0;
   int64_t context = 0;  // position embeddings: the longest --seq-len
+  double dropout = 0;   // --dropout: probability on each block's attention and MLP outputs
 };
 // tiny (~0.1 M parameters, for tests), small (~3.4 M, the demo), medium (~25 M, benchmarks).
 const std::vector<ModelPreset>& model_presets();
@@ -50,9 +51,11 @@ struct TrainOptions {
   std::string precision = "fp32";
   std::string grad_sync = "every";
   std::string prefetch = "on";
+  bool activation_checkpointing = false;  // every block recomputes its forward in backward
   // Model and data.
   std::string model = "small";
   std::string data;  // empty: the default corpus
+  double dropout = 0;
   // Optimisation.
   int64_t steps = 100;
   int64_t global_batch = 8;
@@ -64,6 +67,16 @@ struct TrainOptions {
   int64_t seed = 1234;
   // Runtime (threads: launch.threads).
   double timeout = 300;
+  // Checkpoints (fsdp/checkpoint.h).
+  std::string checkpoint_dir;   // empty: no checkpoints
+  int64_t checkpoint_every = 0; // steps between sharded checkpoints; 0 = only at the end
+  bool resume = false;          // continue from the latest complete checkpoint in checkpoint_dir
+  int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
+  std::string export_full;      // FILE.pt or FILE.safetensors written at the end
+  // Sampling from the trained model.
+  int64_t sample = 0;           // bytes to sample at the end; 0 = none
+  std::string prompt = "The ";
+  double temperature = 0.8;
   // Output.
   std::string metrics;
   std::string plot;

@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
@@ -91,6 +92,18 @@ class BatchSampler {
     std::vector<int64_t> offsets(global_batch_);
     for (auto& o : offsets) o = static_cast<int64_t>(rng_() % static_cast<uint64_t>(starts_));
     return offsets;
+  }
+  // The data position, as text for a checkpoint (mt19937_64's state; the standard fixes its form).
+  std::string state() const {
+    std::ostringstream os;
+    os << rng_;
+    return os.str();
+  }
+  void restore(const std::string& text) {
+    std::istringstream is(text);
+    is >> rng_;
+    FSDP_CHECK(!is.fail(), "the checkpoint's data position is unreadable; it was not written by "
+               "fsdp-train");
   }
 
  private:
@@ -173,12 +186,106 @@ struct StepRecord {
 std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
   return cat("model ", p.preset.name, " steps ", o.steps, " global-batch ", o.global_batch,
              " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " warmup ",
-             o.warmup_steps, " clip ", o.clip_grad, " seed ", o.seed, " data ", p.data.bytes,
+             o.warmup_steps, " clip ", o.clip_grad, " seed ", o.seed, " dropout ",
+             p.preset.dropout, " data ", p.data.bytes,
              " bytes; ", p.strategy.describe());
 }
 
+// What the checkpoint flags did, for the summary.
+struct CheckpointLog {
+  int64_t saves = 0;
+  fsdp::CheckpointInfo last_save;
+  std::optional<fsdp::CheckpointInfo> loaded;
+  int64_t resumed_step = 0;
+  std::string exported;
+  double export_s = 0;
+};
+
+std::string rate(double bytes, double seconds) {
+  return cat(fsdp::format_bytes(bytes), " in ", fsdp::format_count(seconds), " s (",
+             fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
+}
+
+void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
+  auto row = [](const std::string& key, const std::string& value) {
+    std::printf("  %-22s %s\n", key.c_str(), value.c_str());
+  };
+  if (c.loaded) {
+    row("resumed from", cat(c.loaded->path, " (step ", c.resumed_step, "): read ",
+                            rate(double(c.loaded->bytes), c.loaded->seconds), " on rank 0"));
+  }
+  if (c.saves > 0) {
+    row("checkpoints", cat(c.saves, " saved in ", o.checkpoint_dir, "; last ", c.last_save.path,
+                           ": ", rate(double(c.last_save.bytes), c.last_save.seconds)));
+  }
+  if (!c.exported.empty()) row("full export", cat(c.exported, " (", fsdp::format_count(c.export_s), " s)"));
+}
+
+// Rank 0 returns `n` bytes sampled from the model after `prompt` (every rank runs the forwards:
+// they are collective). Deterministic for --seed: rank 0 draws, the world receives its choice.
+template <class Model>
+std::string sample_text(Model& model, GPTImpl& net, const TrainOptions& o, const ModelPreset& preset,
+                        fsdp::Runtime& rt) {
+  torch::NoGradGuard no_grad;
+  net.eval();
+  const c10::Device device = rt.device();
+  std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
+  for (auto& t : tokens) t &= 0xff;
+  std::mt19937_64 rng(static_cast<uint64_t>(o.seed) * 0x2545f4914f6cdd1dULL + 1);
+  std::string out;
+  for (int64_t i = 0; i < o.sample; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(tokens.size()), preset.context);
+    auto x = torch::tensor(std::vector<int64_t>(tokens.end() - T, tokens.end()), torch::kLong)
+                 .view({1, T})
+                 .to(device);
+    torch::Tensor logits = model(x).select(1, T - 1).reshape({-1}).to(torch::kDouble).cpu();
+    auto next = torch::zeros({1}, torch::TensorOptions(torch::kLong).device(device));
+    if (rt.rank() == 0) {
+      int64_t choice = 0;
+      if (o.temperature == 0) {
+        choice = logits.argmax().item<int64_t>();
+      } else {
+        torch::Tensor probs = torch::softmax(logits / o.temperature, 0);
+        const double u = double(rng() >> 11) * 0x1.0p-53;
+        auto acc = probs.accessor<double, 1>();
+        double sum = 0;
+        choice = kVocab - 1;
+        for (int64_t v = 0; v < kVocab; ++v) {
+          sum += acc[v];
+          if (u < sum) {
+            choice = v;
+            break;
+          }
+        }
+      }
+      next.fill_(choice);
+    }
+    if (rt.world_size() > 1) rt.world()->broadcast(next, 0)->wait();
+    tokens.push_back(next.cpu().item<int64_t>());
+    out.push_back(static_cast<char>(tokens.back()));
+  }
+  net.train();
+  return out;
+}
+
+// Bytes a terminal can show: control characters other than newline and tab become '?'.
+std::string printable(std::string s) {
+  for (char& c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) c = '?';
+  }
+  return s;
+}
+
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
-                   const fsdp::TopologyReport& report, double total_s) {
+                   const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt) {
+  if (steps.empty()) {
+    std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
+                static_cast<long long>(o.steps));
+    print_checkpoints(o, ckpt);
+    std::fflush(stdout);
+    return;
+  }
   // Throughput leaves out step 1 (allocations, first touch of memory) unless it is the only one.
   const size_t first = steps.size() > 1 ? 1 : 0;
   double time = 0;
@@ -203,6 +310,9 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   std::snprintf(buf, sizeof(buf), "%.4f (step 1: %.4f; mean over the global batch)",
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
+  row("activations", o.activation_checkpointing
+                         ? "checkpointed: every block recomputes its forward in backward"
+                         : "kept for backward (--activation-checkpointing recomputes them)");
   std::snprintf(buf, sizeof(buf), "%s tokens/s (%.3f s per step of %lld tokens)",
                 fsdp::format_count(double(tokens_per_step) / mean_step).c_str(), mean_step,
                 static_cast<long long>(tokens_per_step));
@@ -227,6 +337,7 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   row("  replicate group", cat(fsdp::format_bytes(mean[kCommReplicate]), "  (plan: ",
                                fsdp::format_bytes(double(c.replicate_all_reduce)), ")"));
   row("  world group", fsdp::format_bytes(mean[kCommWorld]));
+  print_checkpoints(o, ckpt);
   if (!o.metrics.empty()) row("metrics", o.metrics);
   std::fflush(stdout);
 }
@@ -253,6 +364,8 @@ int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
 
 int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::vector<StepRecord> records;
+  CheckpointLog ckpt;
+  std::string sample;
   fsdp::TopologyReport report;
   int64_t n_params = 0;
   const auto start = Clock::now();
@@ -307,13 +420,52 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       FSDP_CHECK(metrics, "cannot write --metrics '", o.metrics, "': ", std::strerror(errno));
     }
 
-    Progress progress(o.steps, lead && !o.quiet);
     BatchSampler sampler(o.seed, p.data.bytes, o.seq_len, o.global_batch);
+    int64_t first_step = 0;
+    if (o.resume) {
+      // Every rank looks; they see the same directory (save_checkpoint checks that).
+      std::optional<std::string> latest = fsdp::latest_checkpoint(o.checkpoint_dir);
+      runtime->check_agreement("latest checkpoint", latest.value_or("(none)"));
+      if (latest) {
+        fsdp::TrainingState state;
+        ckpt.loaded = fsdp::load_checkpoint(*latest, model, &optimizer, &state);
+        FSDP_CHECK(state.step <= o.steps, "--resume: ", *latest, " is at step ", state.step,
+                   ", beyond --steps ", o.steps, "; give --steps ", state.step, " or more");
+        FSDP_CHECK(state.values.count("sampler"), "--resume: ", *latest, " has no data position; "
+                   "it was not written by fsdp-train");
+        sampler.restore(state.values.at("sampler"));
+        first_step = ckpt.resumed_step = state.step;
+        if (lead) {
+          std::printf("fsdp-train: resumed from %s at step %lld (%s in %.2f s)\n", latest->c_str(),
+                      static_cast<long long>(state.step),
+                      fsdp::format_bytes(double(ckpt.loaded->bytes)).c_str(), ckpt.loaded->seconds);
+          if (state.values.count("settings") && state.values.at("settings") != settings_line(o, p)) {
+            std::printf("fsdp-train: note: the checkpoint was written with other settings (%s)\n",
+                        state.values.at("settings").c_str());
+          }
+        }
+      } else if (lead) {
+        std::printf("fsdp-train: --resume: no complete checkpoint in %s yet; starting fresh\n",
+                    o.checkpoint_dir.c_str());
+      }
+      std::fflush(stdout);
+    }
+    auto save = [&](int64_t steps_done) {
+      fsdp::TrainingState state;
+      state.step = steps_done;
+      state.values["sampler"] = sampler.state();
+      state.values["settings"] = settings_line(o, p);
+      ckpt.last_save = fsdp::save_checkpoint(fsdp::checkpoint_path(o.checkpoint_dir, steps_done),
+                                             model, &optimizer, state);
+      ++ckpt.saves;
+      if (lead && o.keep_last > 0) fsdp::prune_checkpoints(o.checkpoint_dir, o.keep_last);
+    };
+    Progress progress(o.steps, lead && !o.quiet);
     const int64_t K = o.grad_accum, T = o.seq_len;
     const auto world = runtime->world();
     const c10::Device device = runtime->device();  // cpu, or this rank's GPU with NCCL
     const auto train_start = Clock::now();
-    for (int64_t step = 0; step < o.steps; ++step) {
+    for (int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = Clock::now();
       const auto comm_before = model.comm_counters();
       const std::vector<int64_t> offsets = sampler.next();
@@ -372,6 +524,10 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       FSDP_CHECK(std::isfinite(rec.loss), "the loss is ", rec.loss, " at step ", step + 1,
                  "; training diverged: lower --lr (", o.lr, ") or enable --clip-grad");
       records.push_back(rec);
+      if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
+          (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
+        save(step + 1);
+      }
       if (!lead) continue;
       if (metrics.is_open()) {
         nlohmann::ordered_json j;
@@ -391,15 +547,29 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       }
       progress.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start));
     }
+    if (!o.checkpoint_dir.empty() && !records.empty()) save(o.steps);
+    if (!o.export_full.empty()) {
+      const auto t = Clock::now();
+      fsdp::export_full_checkpoint(model, o.export_full);
+      ckpt.exported = o.export_full;
+      ckpt.export_s = seconds_since(t);
+    }
+    if (o.sample > 0) sample = sample_text(model, *net, o, p.preset, *runtime);
   }  // every rank leaves the job here (Runtime's destructor waits for the others)
 
   if (!lead) return 0;
-  print_summary(o, p, records, report, seconds_since(start));
+  print_summary(o, p, records, report, seconds_since(start), ckpt);
+  if (o.sample > 0) {
+    std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
+                static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),
+                printable(o.prompt).c_str(), printable(sample).c_str());
+    std::fflush(stdout);
+  }
   if (!o.plot.empty()) {
     fsdp_plot::LossCurve curve;
     curve.label = cat(fsdp::to_string(p.sharding.strategy), " ", mesh_string(p.sharding));
     for (size_t i = 0; i < records.size(); ++i) {
-      curve.steps.push_back(static_cast<int64_t>(i + 1));
+      curve.steps.push_back(ckpt.resumed_step + static_cast<int64_t>(i + 1));
       curve.losses.push_back(records[i].loss);
     }
     fsdp_plot::plot_losses({curve}, o.plot,

@@ -1,0 +1,128 @@
+// fsdp/checkpoint.h: saving and restoring training, and the weights in formats other tools read.
+//
+// Two kinds of checkpoint:
+//   - sharded (save_checkpoint / load_checkpoint): a directory that resumes a run — parameters,
+//     optimizer state, the caller's state (step, data position, free-form values) and every
+//     rank's RNG. Each rank writes only what it owns, in parallel; with hybrid strategies one
+//     replica writes and the others write nothing, so the bytes on disk are one copy of the state
+//     whatever the number of replicas. It loads into any mesh, strategy, world size or wrap
+//     policy (NOTE [checkpoint format]).
+//   - full (export_full_checkpoint / import_full_checkpoint, and save_/load_full_checkpoint for
+//     plain, unsharded modules): one file with every parameter and buffer under the model's own
+//     names, either PyTorch's zip format (".pt": Python's torch.load returns a dict of tensors)
+//     or safetensors (".safetensors"). Exports stream one unit at a time: no rank holds more than
+//     one unit unsharded beyond what training already does.
+//
+//   fsdp::TrainingState state;
+//   state.step = step;
+//   state.values["sampler"] = sampler_state;                     // any UTF-8 text
+//   fsdp::save_checkpoint(fsdp::checkpoint_path(dir, step), model, &optimizer, state);
+//   ...
+//   if (auto latest = fsdp::latest_checkpoint(dir))
+//     fsdp::load_checkpoint(*latest, model, &optimizer, &state);  // any mesh
+//
+// NOTE [checkpoint format]
+// A sharded checkpoint is a directory:
+//   shard-<s>.bin  raw little-endian data written by the replica-0 member of shard index s:
+//                  for each unit, the part of every parameter (and of every optimizer state
+//                  tensor of that parameter) that falls in the rank's flat shard, padding left out
+//   rng.bin        every rank's libtorch CPU generator state (rank 0 writes it)
+//   meta.json      written last: format version, strategy, mesh, world size, the caller's state,
+//                  the optimizer's type and learning rates, and for every tensor (parameters,
+//                  buffers, optimizer state per original parameter name) its shape, dtype and
+//                  chunks: file, byte offset, element range, CRC-32; every file's size and CRC-32
+// The directory is written as "<path>.partial" and renamed to <path> only after every rank has
+// written and fsync'ed its files and rank 0 has written meta.json, so a crash at any moment
+// leaves earlier checkpoints intact; latest_checkpoint() only considers complete "step-N"
+// directories. Loading maps every chunk by parameter name and element range onto the new
+// layout, so the saving and loading meshes are unrelated; every size and offset read from a file
+// is checked against the file before use, and every chunk's CRC-32 is verified on read.
+// The directory must be on a filesystem every rank sees (one machine, or a shared filesystem).
+// For fault-injection tests, FSDP_TEST_CHECKPOINT_PAUSE_MS=N makes writers sleep N ms after
+// writing their shard file, before meta.json exists.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/sharded.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp {
+
+// The caller's part of a checkpoint, saved from rank 0 and given back to every rank.
+struct TrainingState {
+  int64_t step = 0;                           // e.g. optimizer steps done
+  std::map<std::string, std::string> values;  // free-form UTF-8 text: data position, schedule...
+};
+
+struct CheckpointOptions {
+  // Save every rank's libtorch CPU generator, and restore it on load when the world size is
+  // unchanged (with another world size generators are left as they are). Default true.
+  bool rng = true;
+};
+
+// What a save or load did, for logs and summaries.
+struct CheckpointInfo {
+  std::string path;
+  int64_t bytes = 0;        // save: bytes in the checkpoint; load: bytes this rank read
+  double seconds = 0;       // wall time of the call on this rank
+  int64_t files = 0;        // files in the checkpoint
+  bool rng_restored = false;
+};
+
+// Writes a sharded checkpoint of `model`, `optimizer` (may be null) and `state` to directory
+// `path` (its parent is created if missing; an existing checkpoint at `path` is replaced
+// atomically). Collective: call on every rank with the same path. `optimizer` must be a
+// torch::optim Adam, AdamW, SGD, RMSprop or Adagrad over model.parameters(). Throws fsdp::Error
+// on every rank if any rank fails (disk full, unwritable directory...).
+CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& model,
+                               const torch::optim::Optimizer* optimizer,
+                               const TrainingState& state = {},
+                               const CheckpointOptions& options = {});
+
+// Restores a checkpoint written by save_checkpoint on any mesh, strategy, world size or wrap
+// policy. `optimizer` (may be null: parameters only) must be of the saved type; its state is
+// replaced. `state` (may be null) receives the caller's state. Collective. Throws fsdp::Error on
+// every rank — before changing anything — for a missing, truncated or corrupted file, a future
+// format version, or a model whose names or shapes differ (listing every mismatch).
+CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
+                               torch::optim::Optimizer* optimizer, TrainingState* state = nullptr,
+                               const CheckpointOptions& options = {});
+
+// "<dir>/step-<step, 8 digits>": where save_checkpoint's callers put step `step`.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+
+// The complete checkpoint with the highest step in `dir` (a "step-N" directory with a readable
+// meta.json), or nullopt if there is none. Partial and foreign entries are ignored. Local.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Deletes all but the newest `keep` complete checkpoints in `dir`, and partial ones left by
+// crashes. Local: call on one rank (e.g. rank 0) after a save.
+void prune_checkpoints(const std::string& dir, int64_t keep);
+
+// The step and caller state recorded in a checkpoint's meta.json (validated). Local.
+TrainingState read_checkpoint_state(const std::string& path);
+
+// Writes every parameter and buffer of `model`, unsharded, under the model's names to `file`:
+// ".pt" (PyTorch zip format, torch.load gives a dict name -> tensor) or ".safetensors".
+// Collective; rank 0 writes (atomically: "<file>.partial", then renamed).
+void export_full_checkpoint(FullyShardedModule& model, const std::string& file);
+
+// Loads a full checkpoint (".pt" from export_full_checkpoint, save_full_checkpoint or Python's
+// torch.save of a state dict; or ".safetensors") into `model` on any mesh. Every rank reads the
+// file. Collective; on a mismatch every rank throws, listing every missing, unexpected or
+// mis-shaped entry.
+void import_full_checkpoint(FullyShardedModule& model, const std::string& file);
+
+// The same two formats for a plain, unsharded libtorch module.
+void save_full_checkpoint(torch::nn::Module& module, const std::string& file);
+void load_full_checkpoint(torch::nn::Module& module, const std::string& file);
+
+}  // namespace fsdp

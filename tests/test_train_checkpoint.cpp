@@ -1,0 +1,225 @@
+// fsdp-train's checkpoint flags end to end, as real processes: a resumed run's losses are
+// bit-identical to an uninterrupted one; a run resumes on another world size and strategy; a rank
+// SIGKILLed in the middle of a save leaves the previous checkpoint, which --resume then uses;
+// --sample is deterministic and works straight from a checkpoint; --export-full writes files
+// Python reads.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "testing.h"
+
+using namespace fsdp::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTrain = tool_dir() + "/fsdp-train";
+
+
+std::vector<std::string> args(std::vector<std::string> extra) {
+  std::vector<std::string> argv{kTrain,         "--model=tiny", "--steps=6",        "--global-batch=8",
+                                "--seq-len=32", "--lr=3e-3",    "--warmup-steps=2", "--seed=7",
+                                "--quiet"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// step -> loss from a --metrics file.
+std::map<int64_t, double> losses(const std::string& metrics) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+ProcessResult train(const std::vector<std::string>& extra) {
+  return run(args(extra), {}, 180s);
+}
+
+// The uninterrupted reference: 6 steps on (2, 1) HYBRID_SHARD.
+const std::map<int64_t, double>& reference() {
+  static TempDir tmp;
+  static const std::map<int64_t, double> ref = [] {
+    auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--metrics=" + tmp / "ref.jsonl"});
+    EXPECT_EQ(r.exit_code(), 0) << r.output;
+    return losses(tmp / "ref.jsonl");
+  }();
+  return ref;
+}
+
+TEST(TrainCheckpoint, ResumeIsBitIdenticalAndReshards) {
+  ASSERT_EQ(reference().size(), 6u);
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                  "--checkpoint-every=3", "--keep-last=2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoints            2 saved in " + dir), std::string::npos) << r.output;
+  ASSERT_TRUE(fs::exists(dir + "/step-00000003/meta.json"));
+  ASSERT_TRUE(fs::exists(dir + "/step-00000006/meta.json"));
+  fs::remove_all(dir + "/step-00000006");  // as if the job had died after step 3
+
+  // Same mesh: steps 4..6 bit-identical.
+  r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+             "--resume", "--metrics=" + tmp / "resumed.jsonl"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step-00000003 at step 3"), std::string::npos) << r.output;
+  auto got = losses(tmp / "resumed.jsonl");
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
+
+  // Another world size and strategy: 4-way FULL_SHARD continues within fp32 tolerance.
+  fs::remove_all(dir + "/step-00000006");
+  r = train({"--devices=4", "--strategy=full_shard", "--checkpoint-dir=" + dir, "--resume",
+             "--metrics=" + tmp / "resharded.jsonl"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  got = losses(tmp / "resharded.jsonl");
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : got) {
+    EXPECT_NEAR(loss, reference().at(step), 1e-5 * reference().at(step)) << "step " << step;
+  }
+}
+
+// The pids of `pid`'s children, polled until there are `n`.
+std::vector<int> children_of(int pid, size_t n) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
+  std::vector<int> pids;
+  for (int i = 0; i < 600 && pids.size() < n; ++i) {
+    std::ifstream in(path);
+    pids.clear();
+    for (int p; in >> p;) pids.push_back(p);
+    if (pids.size() < n) std::this_thread::sleep_for(50ms);
+  }
+  return pids;
+}
+
+bool wait_for(const std::function<bool()>& cond, std::chrono::seconds within) {
+  const auto end = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return cond();
+}
+
+TEST(TrainCheckpoint, RankKilledDuringSaveLeavesThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  {
+    // Writers pause 1.5 s after their shard file: step 3's save completes; step 6's is killed.
+    Process p(args({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                    "--checkpoint-every=3"}),
+              {{"FSDP_TEST_CHECKPOINT_PAUSE_MS", "1500"}});
+    const auto ranks = children_of(p.pid(), 2);
+    ASSERT_EQ(ranks.size(), 2u);
+    ASSERT_TRUE(wait_for([&] { return fs::exists(dir + "/step-00000006.partial/shard-0.bin"); }, 120s));
+    ::kill(ranks[1], SIGKILL);
+    auto r = p.wait(120s);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_code(), 0) << r.output;
+  }
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003/meta.json"));
+  EXPECT_FALSE(fs::exists(dir + "/step-00000006"));
+  auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                  "--resume", "--metrics=" + tmp / "after.jsonl"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("step-00000003 at step 3"), std::string::npos) << r.output;
+  auto got = losses(tmp / "after.jsonl");
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
+  EXPECT_FALSE(fs::exists(dir + "/step-00000006.partial")) << "the next save replaces the leftover";
+}
+
+std::string sample_of(const std::string& output) {
+  const auto at = output.find("fsdp-train: sample (");
+  EXPECT_NE(at, std::string::npos) << output;
+  return at == std::string::npos ? "" : output.substr(at);
+}
+
+TEST(TrainCheckpoint, SampleIsDeterministicAndWorksFromACheckpoint) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  auto a = train({"--devices=2", "--checkpoint-dir=" + dir, "--sample=40", "--prompt=The "});
+  ASSERT_EQ(a.exit_code(), 0) << a.output;
+  // From the final checkpoint, on one process: nothing left to train, the same text.
+  auto b = train({"--checkpoint-dir=" + dir, "--resume", "--sample=40", "--prompt=The "});
+  ASSERT_EQ(b.exit_code(), 0) << b.output;
+  EXPECT_NE(b.output.find("no steps to train"), std::string::npos) << b.output;
+  const std::string sa = sample_of(a.output), sb = sample_of(b.output);
+  EXPECT_EQ(sa, sb);
+  EXPECT_GE(sa.size(), std::string("fsdp-train: sample (40 bytes, temperature 0.8, seed 7):\nThe ").size() + 40);
+  auto c = train({"--checkpoint-dir=" + dir, "--resume", "--sample=40", "--prompt=The ", "--seed=8",
+                  "--temperature=0"});
+  ASSERT_EQ(c.exit_code(), 0) << c.output;
+  EXPECT_NE(c.output.find("note: the checkpoint was written with other settings"), std::string::npos)
+      << c.output;
+}
+
+TEST(TrainCheckpoint, ResumeWithoutCheckpointStartsFresh) {
+  TempDir tmp;
+  auto r = train({"--steps=2", "--checkpoint-dir=" + tmp / "empty", "--resume"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("no complete checkpoint in " + tmp / "empty" + " yet; starting fresh"),
+            std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(tmp / "empty/step-00000002/meta.json"));
+}
+
+TEST(TrainCheckpoint, ExportFullIsReadByPython) {
+  TempDir tmp;
+  auto r = train({"--devices=2", "--steps=2", "--export-full=" + tmp / "gpt.safetensors"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  r = train({"--devices=2", "--steps=2", "--export-full=" + tmp / "gpt.pt"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  auto py = run({"/usr/bin/python3", "-c",
+                 "import json, struct, sys\n"
+                 "b = open(sys.argv[1], 'rb').read()\n"
+                 "n = struct.unpack('<Q', b[:8])[0]\n"
+                 "h = json.loads(b[8:8 + n])\n"
+                 "print(sorted(k for k in h if k != '__metadata__'))\n",
+                 tmp / "gpt.safetensors"});
+  ASSERT_EQ(py.exit_code(), 0) << py.output;
+  EXPECT_NE(py.output.find("'block0.q.weight'"), std::string::npos) << py.output;
+  EXPECT_NE(py.output.find("'head.weight'"), std::string::npos) << py.output;
+  if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code() != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no torch module (apt-get install python3-torch)";
+  }
+  py = run({"/usr/bin/python3", "-c",
+            "import sys, torch\n"
+            "d = torch.load(sys.argv[1])\n"
+            "print(len(d), tuple(d['head.weight'].shape))\n",
+            tmp / "gpt.pt"});
+  ASSERT_EQ(py.exit_code(), 0) << py.output;
+  EXPECT_NE(py.output.find("(256, 64)"), std::string::npos) << py.output;
+}
+
+TEST(TrainCheckpoint, BadFlagsFailBeforeStarting) {
+  TempDir tmp;
+  const std::string file = tmp / "a-file";
+  std::ofstream(file) << "x";
+  for (const auto& [flags, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--resume"}, "--resume needs --checkpoint-dir DIR"},
+           {{"--checkpoint-every=2"}, "--checkpoint-every needs --checkpoint-dir DIR"},
+           {{"--checkpoint-dir=" + file}, "is not a directory"},
+           {{"--checkpoint-dir=" + tmp / "a/b/c"}, "does not exist and cannot be created"},
+           {{"--export-full=" + tmp / "x.txt"}, "must end in .pt"},
+           {{"--checkpoint-dir=" + tmp / "d", "--keep-last=-1"}, "--keep-last -1 is invalid"},
+           {{"--sample=-3"}, "--sample -3 is invalid"},
+           {{"--sample=5", "--temperature=-1"}, "--temperature -1 is invalid"},
+       }) {
+    auto r = train(flags);
+    EXPECT_EQ(r.exit_code(), 2) << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
