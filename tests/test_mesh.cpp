@@ -83,7 +83,7 @@ TEST(MeshLayout, Errors) {
   // (UBSan: signed integer overflow), not an error.
   EXPECT_EQ(error_of([] { MeshLayout::resolve({3333333333333333, 33334}, 4); }),
             "device_mesh (3333333333333333, 33334) has more ranks than the world of 4 processes; "
-            "use (2, 2) or (-1, 2)");
+            "use (1, 4) or (-1, 4)");
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4, {"a", "a"}); }).find("used twice"),
             std::string::npos);
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4).dim_index("tensor"); })
