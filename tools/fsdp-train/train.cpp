@@ -202,7 +202,9 @@ struct CheckpointLog {
 };
 
 std::string rate(double bytes, double seconds) {
-  return cat(fsdp::format_bytes(bytes), " in ", fsdp::format_count(seconds), " s (",
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.2f", seconds);
+  return cat(fsdp::format_bytes(bytes), " in ", s, " s (",
              fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
 }
 
@@ -218,7 +220,11 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
     row("checkpoints", cat(c.saves, " saved in ", o.checkpoint_dir, "; last ", c.last_save.path,
                            ": ", rate(double(c.last_save.bytes), c.last_save.seconds)));
   }
-  if (!c.exported.empty()) row("full export", cat(c.exported, " (", fsdp::format_count(c.export_s), " s)"));
+  if (!c.exported.empty()) {
+    char s[32];
+    std::snprintf(s, sizeof(s), "%.2f", c.export_s);
+    row("full export", cat(c.exported, " (", s, " s)"));
+  }
 }
 
 // Rank 0 returns `n` bytes sampled from the model after `prompt` (every rank runs the forwards:
