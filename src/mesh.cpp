@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -26,20 +28,36 @@ std::vector<std::string> default_names(size_t ndim) {
   return {"replicate", "shard"};
 }
 
-// The divisor of `world` closest to `want` (ties: the smaller), for suggestions.
-int64_t nearest_divisor(int64_t world, int64_t want) {
-  int64_t best = 1;
-  for (int64_t d = 1; d <= world; ++d) {
+// The 2-D mesh (R', S') with R' * S' == world to suggest instead of `given` (R, S) (-1: any):
+// the shard size S' closest to S, then the replicate size R' closest to R, then the smaller S'.
+// S' = 1 shards nothing, so it is suggested only for a world of 1: (2, 2) on 3 ranks suggests
+// (1, 3), not (3, 1).
+std::vector<int64_t> nearest_mesh(const std::vector<int64_t>& given, int64_t world) {
+  const int64_t R = given[0], S = given[1];
+  auto distance = [](int64_t have, int64_t want) {
+    return want < 1 ? int64_t{0} : std::max(have, want) - std::min(have, want);
+  };
+  std::vector<int64_t> best{world, 1};
+  bool found = false;
+  for (int64_t d = 1; d <= world / d; ++d) {
     if (world % d != 0) continue;
-    if (std::llabs(d - want) < std::llabs(best - want)) best = d;
+    for (int64_t s : {d, world / d}) {
+      if (s == 1 && world > 1) continue;
+      const int64_t r = world / s;
+      auto key = [&](int64_t rr, int64_t ss) {
+        return std::make_tuple(distance(ss, S), distance(rr, R), ss);
+      };
+      if (!found || key(r, s) < key(best[0], best[1])) best = {r, s};
+      found = true;
+    }
   }
   return best;
 }
 
-std::string suggestion(size_t ndim, int64_t world, int64_t shard_hint) {
-  if (ndim == 1) return detail::cat("use (", world, ") or (-1)");
-  int64_t s = nearest_divisor(world, std::max<int64_t>(1, shard_hint));
-  return detail::cat("use (", world / s, ", ", s, ") or (-1, ", s, ")");
+std::string suggestion(const std::vector<int64_t>& given, int64_t world) {
+  if (given.size() == 1) return detail::cat("use (", world, ") or (-1)");
+  const std::vector<int64_t> m = nearest_mesh(given, world);
+  return detail::cat("use (", m[0], ", ", m[1], ") or (-1, ", m[1], ")");
 }
 
 void check_names(const std::vector<std::string>& names, size_t ndim, const std::string& shape) {
@@ -76,20 +94,20 @@ MeshLayout MeshLayout::resolve(const std::vector<int64_t>& shape_in, int64_t wor
     // Dims whose product overflows int64 (found by fuzz_mesh_strategy) are far too large too.
     FSDP_CHECK(!__builtin_mul_overflow(known, v, &known), "device_mesh ", given,
                " has more ranks than the world of ", world_size, " processes; ",
-               suggestion(shape_in.size(), world_size, shape_in.back()));
+               suggestion(shape_in, world_size));
   }
   std::vector<int64_t> shape = shape_in;
   if (inferred >= 0) {
     FSDP_CHECK(world_size % known == 0, "device_mesh ", given, " cannot be inferred: ", known,
                " does not divide the world of ", world_size, " processes; ",
-               suggestion(shape.size(), world_size, shape.back() == -1 ? 1 : shape.back()));
+               suggestion(shape, world_size));
     shape[inferred] = world_size / known;
   }
   int64_t product = 1;
   for (int64_t v : shape) product *= v;
   FSDP_CHECK(product == world_size, "device_mesh ", given, " has ", product,
              " ranks but the world has ", world_size, " processes; ",
-             suggestion(shape.size(), world_size, shape.back()));
+             suggestion(shape, world_size));
   if (names.empty()) names = default_names(shape.size());
   check_names(names, shape.size(), given);
   MeshLayout m;

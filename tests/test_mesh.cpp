@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <set>
 
 #include "fsdp/error.h"
@@ -84,6 +85,36 @@ TEST(MeshLayout, Errors) {
   EXPECT_EQ(error_of([] { MeshLayout::resolve({3333333333333333, 33334}, 4); }),
             "device_mesh (3333333333333333, 33334) has more ranks than the world of 4 processes; "
             "use (1, 4) or (-1, 4)");
+  // The hint is a mesh of the right size that shards (shard size > 1 unless the world is 1):
+  // the shard size nearest the given one, then the replicate size nearest the given one.
+  auto hint = [](std::vector<int64_t> shape, int64_t world) {
+    const std::string e = error_of([&] { MeshLayout::resolve(shape, world); });
+    const size_t at = e.find("; use ");
+    return at == std::string::npos ? "no hint in: " + e : e.substr(at + 6);
+  };
+  EXPECT_EQ(hint({2, 2}, 3), "(1, 3) or (-1, 3)");  // not (3, 1), which shards nothing
+  EXPECT_EQ(hint({2, 2}, 5), "(1, 5) or (-1, 5)");  // a prime world: only (1, W) shards
+  EXPECT_EQ(hint({3, 3}, 7), "(1, 7) or (-1, 7)");
+  EXPECT_EQ(hint({2, 2}, 1), "(1, 1) or (-1, 1)");
+  EXPECT_EQ(hint({4, 2}, 6), "(3, 2) or (-1, 2)");
+  EXPECT_EQ(hint({2, 4}, 6), "(2, 3) or (-1, 3)");
+  EXPECT_EQ(hint({2, 2}, 6), "(3, 2) or (-1, 2)");
+  EXPECT_EQ(hint({3, 3}, 8), "(4, 2) or (-1, 2)");   // S 2 and 4 tie: R 4 and 2 tie: smaller S
+  EXPECT_EQ(hint({5, 5}, 12), "(3, 4) or (-1, 4)");  // S 4 and 6 tie: R 3 is nearer 5 than 2
+  EXPECT_EQ(hint({3, -1}, 4), "(2, 2) or (-1, 2)");  // only R given: the nearest R that shards
+  EXPECT_EQ(hint({-1, 3}, 8), "(4, 2) or (-1, 2)");
+  EXPECT_EQ(hint({4, 4}, 4), "(1, 4) or (-1, 4)");
+  EXPECT_EQ(hint({2}, 3), "(3) or (-1)");
+  for (int64_t W = 1; W <= 64; ++W) {  // every hint is itself a valid mesh for W
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{W + 1, 2}, {2, W + 1}, {W + 1, -1}}) {
+      const std::string h = hint(shape, W);
+      int64_t r = 0, s = 0;
+      ASSERT_EQ(std::sscanf(h.c_str(), "(%ld, %ld)", &r, &s), 2) << h;
+      EXPECT_EQ(r * s, W) << h;
+      EXPECT_TRUE(s > 1 || W == 1) << h;
+      EXPECT_NO_THROW(MeshLayout::resolve({r, s}, W));
+    }
+  }
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4, {"a", "a"}); }).find("used twice"),
             std::string::npos);
   EXPECT_NE(error_of([] { MeshLayout::resolve({2, 2}, 4).dim_index("tensor"); })
