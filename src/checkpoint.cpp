@@ -275,17 +275,9 @@ const ParamState* find_state(const torch::optim::Optimizer& o, const at::Tensor&
   return it == o.state().end() ? nullptr : it->second.get();
 }
 
-// Every optimizer parameter must be one of the model's shards.
+// Every optimizer parameter must be one of the model's trainable shards.
 void check_optimizer_params(const torch::optim::Optimizer& o, const Engine& e) {
-  std::set<const c10::TensorImpl*> shards;
-  for (const auto& u : e.unit_states()) shards.insert(u->shard.unsafeGetTensorImpl());
-  for (const auto& g : o.param_groups()) {
-    for (const auto& p : g.params()) {
-      FSDP_CHECK(shards.count(p.unsafeGetTensorImpl()), "the optimizer holds a tensor of shape ",
-                 p.sizes(), " that is not one of model.parameters(); build the optimizer from "
-                 "the sharded model's parameters()");
-    }
-  }
+  e.check_optimizer(o);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1315,7 +1307,8 @@ std::unique_ptr<FullReader> open_full(const std::string& file) {
 
 }  // namespace
 
-void export_full_checkpoint(FullyShardedModule& model, const std::string& file) {
+void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
+                            const ExportOptions& options) {
   Engine& e = *detail::engine_of(model);
   Runtime& rt = *e.runtime();
   const std::string what = cat("exporting '", file, "'");
@@ -1329,12 +1322,14 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file) 
   std::string err = capture([&] {
     const FullFormat format = full_format(file);
     for (const auto& u : e.unit_states()) {
+      if (options.trainable_only && !u->trainable) continue;
       for (const auto& s : u->params) {
         entries.push_back({s.name, at::kFloat, s.shape});
         for (const auto& a : s.aliases) entries.push_back({a, at::kFloat, s.shape});
       }
     }
     for (const auto& b : e.root_module().named_buffers()) {
+      if (options.trainable_only) break;
       entries.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
       (void)dtype_name(b.value().scalar_type());
     }
@@ -1346,7 +1341,7 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file) 
   if (gathers) {
     torch::NoGradGuard no_grad;
     for (const auto& u : e.unit_states()) {
-      if (u->padded == 0) continue;
+      if (u->padded == 0 || (options.trainable_only && !u->trainable)) continue;
       at::Tensor full = at::empty({u->padded}, u->shard.options().requires_grad(false));
       e.shard_group()->all_gather(full, u->shard.detach())->wait();
       if (!lead || !err.empty()) continue;
@@ -1361,7 +1356,9 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file) 
   }
   if (lead && err.empty()) {
     err = capture([&] {
-      for (const auto& b : e.root_module().named_buffers()) writer->write(b.value().detach().cpu().contiguous());
+      for (const auto& b : e.root_module().named_buffers()) {
+        if (!options.trainable_only) writer->write(b.value().detach().cpu().contiguous());
+      }
       writer->finish();
       writer.reset();
       rename_into_place(tmp, file);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -57,6 +58,7 @@ class SequentialUnitImpl : public torch::nn::Module {
         path_(std::move(path)) {}
   at::Tensor forward(at::Tensor x) {
     unit_pre_forward(unit_);
+    if (unit_tracks_inputs(unit_)) unit_track_inputs(unit_, {x});
     at::Tensor out;
     try {
       if (auto opts = unit_checkpoint(unit_)) {
@@ -95,6 +97,10 @@ void unit_post_forward(UnitState* u, const std::vector<at::Tensor>& outputs) {
 }
 std::optional<ActivationCheckpointOptions> unit_checkpoint(UnitState* u) {
   return u->engine->checkpoint_options(*u);
+}
+bool unit_tracks_inputs(UnitState* u) { return u->engine->tracks_inputs(*u); }
+void unit_track_inputs(UnitState* u, const std::vector<at::Tensor>& inputs) {
+  u->engine->track_inputs(*u, inputs);
 }
 void unit_not_checkpointable(UnitState* u) {
   FSDP_CHECK(!u->checkpointed, "activation checkpointing policy selects unit '", u->name, "' but "
@@ -141,6 +147,9 @@ void Engine::build() {
     }
   }
   infos_ = plan_units(*root_, strategy_.auto_wrap_policy(), S_);
+  FSDP_CHECK(trainable_numel() > 0 || total_numel() == 0, "the model has no trainable parameter: "
+             "all ", total_numel(), " have requires_grad false, so there is nothing to train; "
+             "unfreeze some (parameter.requires_grad_(true)) before fsdp::shard()");
   std::ostringstream signature;
   for (const auto& p : root_->named_parameters()) signature << p.key() << p.value().sizes() << ";";
   runtime_->check_agreement(
@@ -178,50 +187,13 @@ void Engine::build() {
   for (const auto& m : modules) by_path[m.key()] = m.value();
   std::map<std::string, at::Tensor> params_by_name;
   for (const auto& p : root_->named_parameters()) params_by_name[p.key()] = p.value();
+  for (const auto& info : infos_) units_.push_back(make_flat(info, true, by_path, params_by_name));
   for (size_t i = 0; i < infos_.size(); ++i) {
-    auto u = std::make_unique<UnitState>();
-    u->engine = this;
-    u->index = static_cast<int64_t>(i);
-    u->name = infos_[i].name;
-    u->module = by_path.at(u->name).get();
-    u->hooks = i == 0 ? nullptr : dynamic_cast<UnitHooks*>(u->module);
-    u->numel = infos_[i].numel;
-    u->padded = infos_[i].padded_numel;
-    u->shard_numel = infos_[i].shard_numel;
-    // Tied parameters appear under several names but are one tensor: one slot, many names.
-    std::map<c10::TensorImpl*, size_t> slot_of;
-    int64_t offset = 0;
-    for (const auto& name : infos_[i].params) {
-      const at::Tensor& p = params_by_name.at(name);
-      auto it = slot_of.find(p.unsafeGetTensorImpl());
-      if (it != slot_of.end()) {
-        u->params[it->second].aliases.push_back(name);
-        continue;
-      }
-      ParamSlot slot;
-      slot.name = name;
-      slot.param = p;
-      slot.offset = offset;
-      slot.numel = p.numel();
-      slot.shape = p.sizes().vec();
-      slot.original_dtype = p.scalar_type();
-      FSDP_CHECK(p.scalar_type() == at::kFloat, "parameter '", name, "' has dtype ",
-                 p.scalar_type(), " but fsdp keeps fp32 master shards; build the model in fp32 "
-                 "(model->to(torch::kFloat)) and use mixed_precision for bf16/fp16 compute");
-      offset += slot.numel;
-      slot_of[p.unsafeGetTensorImpl()] = u->params.size();
-      u->params.push_back(std::move(slot));
-    }
-    TORCH_INTERNAL_ASSERT(offset == u->numel, "unit ", u->name, " numel mismatch");
-    int64_t trainable = 0;
-    for (const auto& s : u->params) trainable += s.param.requires_grad() ? 1 : 0;
-    FSDP_CHECK(trainable == 0 || trainable == static_cast<int64_t>(u->params.size()), "unit '",
-               display(u->name), "' mixes parameters with and without requires_grad; fsdp "
-               "flattens a unit into one tensor, so freeze whole units (or wrap the frozen part "
-               "as its own unit)");
-    u->trainable = trainable > 0;
-    u->trainable_params = trainable;
-    units_.push_back(std::move(u));
+    if (infos_[i].frozen_numel == 0) continue;
+    auto f = make_flat(infos_[i], false, by_path, params_by_name);
+    f->owner = units_[i].get();
+    units_[i]->frozen = f.get();
+    units_.push_back(std::move(f));
   }
   select_checkpointed_units(by_path);
   // 4. Flatten, optionally broadcast rank 0's values, shard.
@@ -237,6 +209,49 @@ void Engine::build() {
   }
   // 5. Hooks.
   for (auto& u : units_) install_hooks(*u, by_path);
+}
+
+// One flat of unit `info`: its trainable parameters, or (trainable false) its frozen ones.
+std::unique_ptr<UnitState> Engine::make_flat(const UnitInfo& info, bool trainable,
+                                             const ModuleMap& modules,
+                                             const std::map<std::string, at::Tensor>& params_by_name) {
+  auto u = std::make_unique<UnitState>();
+  u->engine = this;
+  u->index = static_cast<int64_t>(units_.size());
+  u->name = info.name;
+  u->module = modules.at(u->name).get();
+  u->hooks = u->index == 0 || !trainable ? nullptr : dynamic_cast<UnitHooks*>(u->module);
+  u->numel = trainable ? info.numel : info.frozen_numel;
+  u->padded = trainable ? info.padded_numel : info.frozen_padded_numel;
+  u->shard_numel = trainable ? info.shard_numel : info.frozen_shard_numel;
+  u->trainable = trainable && u->numel > 0;
+  // Tied parameters appear under several names but are one tensor: one slot, many names.
+  std::map<c10::TensorImpl*, size_t> slot_of;
+  int64_t offset = 0;
+  for (const auto& name : trainable ? info.params : info.frozen_params) {
+    const at::Tensor& p = params_by_name.at(name);
+    auto it = slot_of.find(p.unsafeGetTensorImpl());
+    if (it != slot_of.end()) {
+      u->params[it->second].aliases.push_back(name);
+      continue;
+    }
+    ParamSlot slot;
+    slot.name = name;
+    slot.param = p;
+    slot.offset = offset;
+    slot.numel = p.numel();
+    slot.shape = p.sizes().vec();
+    slot.original_dtype = p.scalar_type();
+    FSDP_CHECK(p.scalar_type() == at::kFloat, "parameter '", name, "' has dtype ",
+               p.scalar_type(), " but fsdp keeps fp32 master shards; build the model in fp32 "
+               "(model->to(torch::kFloat)) and use mixed_precision for bf16/fp16 compute");
+    TORCH_INTERNAL_ASSERT(p.requires_grad() == trainable, "parameter ", name, " in the wrong flat");
+    offset += slot.numel;
+    slot_of[p.unsafeGetTensorImpl()] = u->params.size();
+    u->params.push_back(std::move(slot));
+  }
+  TORCH_INTERNAL_ASSERT(offset == u->numel, "unit ", u->name, " numel mismatch");
+  return u;
 }
 
 void Engine::flatten_and_shard(UnitState& u, bool broadcast) {
@@ -281,7 +296,7 @@ void Engine::install_hooks(UnitState& u, const ModuleMap& modules) {
     TORCH_INTERNAL_ASSERT(s.grad_acc, "no grad accumulator for ", s.name);
     s.grad_acc->add_post_hook(std::make_unique<GradReadyHook>(weak, &u, &s));
   }
-  if (u.index == 0) return;
+  if (u.index == 0 || u.owner) return;
   if (u.hooks) {
     u.hooks->fsdp_unit_ = &u;
   } else {
@@ -385,6 +400,7 @@ void Engine::free_storage(at::Tensor& t) {
 }
 
 void Engine::unshard(UnitState& u) {
+  if (u.frozen) unshard(*u.frozen);
   if (u.phase != Phase::kSharded || u.padded == 0) return;
   alloc_storage(u.full);
   at::Tensor src = u.shard.detach();
@@ -400,6 +416,7 @@ void Engine::unshard(UnitState& u) {
 }
 
 void Engine::wait_unshard(UnitState& u) {
+  if (u.frozen) wait_unshard(*u.frozen);
   if (u.phase != Phase::kGathering) return;
   WorkHandle gather = std::move(u.gather);
   u.gather_src.reset();
@@ -409,6 +426,7 @@ void Engine::wait_unshard(UnitState& u) {
   gather->wait();
 }
 
+// Frees one flat (a unit's frozen flat is freed by its own call).
 void Engine::reshard(UnitState& u) {
   if (u.aliased || u.phase == Phase::kSharded || summoned_ > 0) return;
   wait_unshard(u);
@@ -463,8 +481,10 @@ void Engine::root_pre_forward() {
     for (auto& u : units_) {
       reshard(*u);
       u->pre_backward_done = u->post_backward_done = false;
+      u->inputs_pending = 0;
     }
   }
+  check_requires_grad();
   order_.clear();
   in_forward_ = true;
   UnitState& root = *units_[0];
@@ -525,7 +545,61 @@ void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) 
                "requires grad, so fsdp cannot gather its parameters again before its backward; "
                "return the unit's output tensors from its forward");
   }
-  if (plan_.reshard_after_forward || !grad) reshard(u);
+  if (plan_.reshard_after_forward || !grad) {
+    reshard(u);
+    if (u.frozen) reshard(*u.frozen);
+  }
+}
+
+void Engine::check_requires_grad() const {
+  for (const auto& u : units_) {
+    const bool trainable = u->owner == nullptr;
+    for (const auto& s : u->params) {
+      FSDP_CHECK(s.param.requires_grad() == trainable, "parameter '", s.name, "' has "
+                 "requires_grad ", s.param.requires_grad() ? "true" : "false", " but was ",
+                 trainable ? "trainable" : "frozen", " when fsdp::shard() planned its unit; fsdp "
+                 "reads requires_grad once, at shard(): set it before fsdp::shard() (shard a new "
+                 "model to change which parameters train)");
+    }
+  }
+}
+
+bool Engine::tracks_inputs(const UnitState& u) const {
+  return u.frozen != nullptr && torch::GradMode::is_enabled();
+}
+
+void Engine::track_inputs(UnitState& u, const std::vector<at::Tensor>& inputs) {
+  std::weak_ptr<Engine> weak = weak_from_this();
+  UnitState* unit = &u;
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (t.is_leaf()) {
+      // A leaf keeps its hooks across steps, so counting them would go wrong: keep the frozen
+      // flat until the end of backward instead.
+      u.inputs_pending = std::numeric_limits<int64_t>::max() / 2;
+      continue;
+    }
+    ++u.inputs_pending;
+    t.register_hook([weak, unit](const at::Tensor&) {
+      if (auto e = weak.lock()) e->on_input_grad_ready(*unit);
+    });
+  }
+}
+
+void Engine::on_input_grad_ready(UnitState& u) {
+  if (u.inputs_pending > 0) --u.inputs_pending;
+  release_frozen(u);
+}
+
+// NOTE [frozen parameters]: autograd reads a frozen flat only in nodes between the unit's
+// outputs and its tensor arguments or trainable parameters; once all their gradients exist, no
+// node that reads it is left. The root's frozen flat stays until the end of backward (its
+// arguments are the model's inputs, which fsdp does not see).
+void Engine::release_frozen(UnitState& u) {
+  if (!u.frozen || u.index == 0 || u.inputs_pending > 0) return;
+  if (u.trainable && !u.post_backward_done) return;
+  if (!u.pre_backward_done) return;
+  reshard(*u.frozen);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,6 +658,7 @@ void Engine::post_backward(UnitState& u) {
   u.post_backward_done = true;
   for (auto& s : u.params) s.param.mutable_grad().reset();
   reshard(u);
+  release_frozen(u);
   if (u.trainable && u.flat_grad.defined()) reduce_grad(u);
   release_finished_inputs();
 }
@@ -670,26 +745,71 @@ void Engine::finalize_backward() {
   for (auto& u : units_) {
     reshard(*u);
     u->pre_backward_done = u->post_backward_done = false;
+    u->inputs_pending = 0;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Optimizer-facing API
 
+namespace {
+// "<unit>.flat_param" for a unit's trainable flat, "<unit>.frozen_flat_param" for its frozen one.
+std::string flat_key(const UnitState& u) {
+  const char* leaf = u.owner ? "frozen_flat_param" : "flat_param";
+  return u.name.empty() ? leaf : u.name + "." + leaf;
+}
+}  // namespace
+
 std::vector<at::Tensor> Engine::parameters() const {
   std::vector<at::Tensor> out;
-  for (const auto& u : units_) {
-    if (u->padded > 0) out.push_back(u->shard);
-  }
+  for (const auto& kv : named_parameters()) out.push_back(kv.value());
   return out;
 }
 
 torch::OrderedDict<std::string, at::Tensor> Engine::named_parameters() const {
   torch::OrderedDict<std::string, at::Tensor> out;
   for (const auto& u : units_) {
-    if (u->padded > 0) out.insert(u->name.empty() ? "flat_param" : u->name + ".flat_param", u->shard);
+    if (u->padded > 0 && u->trainable) out.insert(flat_key(*u), u->shard);
   }
   return out;
+}
+
+int64_t Engine::trainable_numel() const {
+  int64_t n = 0;
+  for (const auto& u : infos_) n += u.numel;
+  return n;
+}
+
+int64_t Engine::total_numel() const {
+  int64_t n = 0;
+  for (const auto& u : infos_) n += u.total_numel();
+  return n;
+}
+
+void Engine::check_optimizer(const torch::optim::Optimizer& optimizer) const {
+  std::map<const c10::TensorImpl*, const UnitState*> flat_of;
+  for (const auto& u : units_) flat_of[u->shard.unsafeGetTensorImpl()] = u.get();
+  std::map<const c10::TensorImpl*, std::string> module_param;
+  for (const auto& p : root_->named_parameters()) module_param[p.value().unsafeGetTensorImpl()] = p.key();
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) {
+      const auto* impl = p.unsafeGetTensorImpl();
+      auto flat = flat_of.find(impl);
+      if (flat != flat_of.end()) {
+        FSDP_CHECK(flat->second->trainable, "the optimizer holds the frozen parameters of unit '",
+                   display(flat->second->name), "' (requires_grad false at fsdp::shard()); build "
+                   "it from model.parameters(), which holds the trainable shards only");
+        continue;
+      }
+      auto inner = module_param.find(impl);
+      FSDP_CHECK(inner == module_param.end(), "the optimizer holds the inner module's parameter '",
+                 inner->second, "', which holds no memory while sharded; build it from the "
+                 "sharded model's parameters()");
+      throw Error(detail::cat("the optimizer holds a tensor of shape ", p.sizes(), " that is not "
+                              "one of model.parameters(); build the optimizer from the sharded "
+                              "model's parameters()"));
+    }
+  }
 }
 
 double Engine::clip_grad_norm(double max_norm) {
@@ -717,7 +837,9 @@ torch::OrderedDict<std::string, at::Tensor> Engine::state_dict() {
   torch::NoGradGuard no_grad;
   torch::OrderedDict<std::string, at::Tensor> out;
   if (strategy_.state_dict_type() == StateDictType::kSharded) {
-    for (const auto& kv : named_parameters()) out.insert(kv.key(), kv.value().detach().clone());
+    for (const auto& u : units_) {
+      if (u->padded > 0) out.insert(flat_key(*u), u->shard.detach().clone());
+    }
     return out;
   }
   std::map<std::string, at::Tensor> values;
@@ -739,14 +861,17 @@ torch::OrderedDict<std::string, at::Tensor> Engine::state_dict() {
 void Engine::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict) {
   torch::NoGradGuard no_grad;
   if (strategy_.state_dict_type() == StateDictType::kSharded) {
-    for (const auto& kv : named_parameters()) {
-      const at::Tensor* v = dict.find(kv.key());
-      FSDP_CHECK(v, "sharded state dict has no entry '", kv.key(), "'; it was saved from a "
-                 "different model or wrap policy");
-      FSDP_CHECK(v->numel() == kv.value().numel(), "sharded state dict entry '", kv.key(),
-                 "' has ", v->numel(), " elements but this rank's shard has ", kv.value().numel(),
+    for (const auto& u : units_) {
+      if (u->padded == 0) continue;
+      const std::string key = flat_key(*u);
+      const at::Tensor* v = dict.find(key);
+      FSDP_CHECK(v, "sharded state dict has no entry '", key, "'; it was saved from a "
+                 "different model, wrap policy or set of frozen parameters");
+      FSDP_CHECK(v->numel() == u->shard.numel(), "sharded state dict entry '", key, "' has ",
+                 v->numel(), " elements but this rank's shard has ", u->shard.numel(),
                  "; sharded checkpoints load only on the same mesh (use a full state dict)");
-      kv.value().copy_(*v);
+      u->shard.detach().copy_(*v);
+      reshard(*u);  // gathered copies are stale now
     }
     return;
   }
@@ -787,6 +912,7 @@ void Engine::summon(bool on) {
 }
 
 MemoryStats Engine::memory_stats(const torch::optim::Optimizer* optimizer) const {
+  if (optimizer) check_optimizer(*optimizer);
   MemoryStats m;
   for (const auto& u : units_) {
     m.param_shard_bytes += bytes_of(u->shard);
@@ -871,20 +997,24 @@ std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& pol
                               detail::display(units[best].name), "'; a shared (tied) parameter must "
                               "live in one unit: leave one of them out of the wrap policy"));
     }
+    // NOTE [frozen parameters]: trainable and frozen parameters go to separate flats.
+    const bool trainable = p.value().requires_grad();
     if (it == owner.end()) {
       owner[impl] = best;
-      units[best].numel += p.value().numel();
+      (trainable ? units[best].numel : units[best].frozen_numel) += p.value().numel();
     }
-    units[best].params.push_back(p.key());
+    (trainable ? units[best].params : units[best].frozen_params).push_back(p.key());
   }
   for (auto& u : units) {
     u.shard_numel = (u.numel + shard_size - 1) / shard_size;
     u.padded_numel = u.shard_numel * shard_size;
+    u.frozen_shard_numel = (u.frozen_numel + shard_size - 1) / shard_size;
+    u.frozen_padded_numel = u.frozen_shard_numel * shard_size;
   }
   // Units left without parameters (all in nested units) are dropped, except the root.
   std::vector<UnitInfo> out;
   for (size_t i = 0; i < units.size(); ++i) {
-    if (i == 0 || units[i].numel > 0) out.push_back(std::move(units[i]));
+    if (i == 0 || units[i].total_numel() > 0) out.push_back(std::move(units[i]));
   }
   return out;
 }
@@ -933,6 +1063,11 @@ const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModul
 }
 
 std::vector<at::Tensor> FullyShardedModule::parameters() const { return engine_->parameters(); }
+void FullyShardedModule::check_optimizer(const torch::optim::Optimizer& optimizer) const {
+  engine_->check_optimizer(optimizer);
+}
+int64_t FullyShardedModule::trainable_numel() const { return engine_->trainable_numel(); }
+int64_t FullyShardedModule::total_numel() const { return engine_->total_numel(); }
 torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::named_parameters() const {
   return engine_->named_parameters();
 }

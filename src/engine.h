@@ -73,7 +73,6 @@ struct UnitState {
   std::vector<ParamSlot> params;
   int64_t numel = 0, padded = 0, shard_numel = 0;
   bool trainable = true;
-  int64_t trainable_params = 0;
   at::Tensor shard;             // fp32 [n]: the optimizer's parameter
   at::Tensor full;              // param dtype [S*n]; storage freed while sharded
   bool aliased = false;         // S == 1 in fp32: `full` is `shard`, nothing to gather or free
@@ -88,6 +87,12 @@ struct UnitState {
   std::optional<PendingReduce> pending;
   bool checkpointed = false;     // activation checkpointing policy selects it
   bool checkpoint_checked = false;  // its first recorded forward checked its outputs
+  // NOTE [frozen parameters]: a unit's frozen parameters live in a second UnitState, `frozen`,
+  // gathered and freed with this one, but freed in backward only when inputs_pending (the
+  // unit's tensor arguments whose gradients are still to come) reached 0.
+  UnitState* frozen = nullptr;  // the frozen flat of this unit, if it has frozen parameters
+  UnitState* owner = nullptr;   // for a frozen flat: its unit
+  int64_t inputs_pending = 0;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -105,11 +110,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void post_forward(UnitState& u, const std::vector<at::Tensor>& outputs);
   void pre_backward(UnitState& u);
   void on_grad_ready(UnitState& u, ParamSlot& slot);
+  bool tracks_inputs(const UnitState& u) const;
+  void track_inputs(UnitState& u, const std::vector<at::Tensor>& inputs);
+  void on_input_grad_ready(UnitState& u);
   void finalize_backward();
   at::Tensor cast_input(const at::Tensor& t) const;
   std::optional<ActivationCheckpointOptions> checkpoint_options(UnitState& u);
 
   std::vector<at::Tensor> parameters() const;
+  void check_optimizer(const torch::optim::Optimizer& optimizer) const;
+  int64_t trainable_numel() const;
+  int64_t total_numel() const;
   torch::OrderedDict<std::string, at::Tensor> named_parameters() const;
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
@@ -134,12 +145,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void drop_gathered() {
     for (auto& u : units_) reshard(*u);
   }
-  // For tests: the unit states (root first).
+  // The unit states, root first; after the units, one state per unit with frozen parameters
+  // (UnitState::owner says whose). Every state is a flat sharded tensor with named slots.
   const std::vector<std::unique_ptr<UnitState>>& unit_states() const { return units_; }
 
  private:
-  void flatten_and_shard(UnitState& u, bool broadcast);
   using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;  // by path
+  std::unique_ptr<UnitState> make_flat(const UnitInfo& info, bool trainable, const ModuleMap& modules,
+                                       const std::map<std::string, at::Tensor>& params_by_name);
+  void check_requires_grad() const;
+  void release_frozen(UnitState& u);
+  void flatten_and_shard(UnitState& u, bool broadcast);
   void install_hooks(UnitState& u, const ModuleMap& modules);
   void wrap_sequential_child(UnitState& u, const ModuleMap& modules);
   void select_checkpointed_units(const ModuleMap& modules);

@@ -62,11 +62,16 @@ TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_worl
   int64_t gathered_all = 0, largest = 0, second = 0;
   for (size_t i = 0; i < units.size(); ++i) {
     const auto& u = units[i];
-    r.total_params += u.numel;
-    r.sharded.params += u.shard_numel * 4;
-    r.replica.params += u.numel * 4;
-    if (u.numel == 0) continue;
-    const int64_t gathered = u.padded_numel * pb;
+    // NOTE [frozen parameters]: both flats are gathered; only the trainable one is reduced and
+    // has gradients and optimizer state.
+    r.total_params += u.total_numel();
+    r.trainable_params += u.numel;
+    r.sharded.params += (u.shard_numel + u.frozen_shard_numel) * 4;
+    r.sharded.grads += u.shard_numel * 4;
+    r.replica.params += u.total_numel() * 4;
+    r.replica.grads += u.numel * 4;
+    if (u.total_numel() == 0) continue;
+    const int64_t gathered = (u.padded_numel + u.frozen_padded_numel) * pb;
     gathered_all += gathered;
     if (i > 0) {
       if (gathered > largest) {
@@ -81,16 +86,16 @@ TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_worl
       // (every unit but the root, under FULL_SHARD / HYBRID_SHARD).
       const bool regather = plan.reshard_after_forward && i > 0;
       r.comm.shard_all_gather += K * gathered * (regather ? 2 : 1);
+      r.comm.frozen_all_gather += K * u.frozen_padded_numel * pb * (regather ? 2 : 1);
       r.comm.shard_reduce_scatter += rs_steps * u.padded_numel * rb;
     }
     if (R > 1) r.comm.replicate_all_reduce += ar_steps * u.shard_numel * rb;
   }
   if (o.clip && S > 1) r.comm.shard_all_reduce += 8;  // one double: the squared norm
-  r.sharded.grads = r.sharded.params;
-  r.sharded.optimizer = r.sharded.params * o.optimizer_states;
-  r.replica.grads = r.replica.params;
-  r.replica.optimizer = r.replica.params * o.optimizer_states;
-  const int64_t root = units.empty() ? 0 : units[0].padded_numel * pb;
+  r.sharded.optimizer = r.sharded.grads * o.optimizer_states;
+  r.replica.optimizer = r.replica.grads * o.optimizer_states;
+  const int64_t root =
+      units.empty() ? 0 : (units[0].padded_numel + units[0].frozen_padded_numel) * pb;
   if (S == 1 && o.param_dtype == c10::kFloat) {
     r.peak_unsharded_param_bytes = 0;  // parameters are views of the shards
   } else if (plan.reshard_after_forward) {
@@ -202,16 +207,33 @@ std::string TopologyReport::to_text() const {
     os << "  " << pad(std::to_string(p.rank), 6) << pad(detail::cat("(", p.replicate, ", ", p.shard, ")"), 20)
        << pad(std::to_string(p.node), 6) << p.local_rank << "\n";
   }
-  os << "\n  model: " << format_count(total_params) << " parameters in " << units.size()
-     << (units.size() == 1 ? " unit" : " units") << "; each rank stores "
+  const int64_t frozen = total_params - trainable_params;
+  os << "\n  model: " << format_count(total_params) << " parameters";
+  if (frozen > 0) {
+    os << " (" << format_count(trainable_params) << " trainable, " << format_count(frozen)
+       << " frozen)";
+  }
+  os << " in " << units.size() << (units.size() == 1 ? " unit" : " units") << "; each rank stores "
      << format_count(sharded.params / 4) << " of them\n";
   for (const auto& u : units) {
-    os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28) << pad(format_count(u.numel), 10)
-       << "shard " << format_count(u.shard_numel) << "\n";
+    os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28)
+       << pad(format_count(u.total_numel()), 10) << "shard ";
+    const std::string shard = format_count(u.shard_numel + u.frozen_shard_numel);
+    if (u.frozen_numel == 0) {
+      os << shard;
+    } else {
+      os << pad(shard, 10)
+         << (u.numel == 0 ? "frozen" : detail::cat("frozen ", format_count(u.frozen_numel)));
+    }
+    os << "\n";
   }
   os << "\n  communication per optimizer step, per rank (payload issued):\n";
-  os << "    shard group      all-gather " << pad(format_bytes(comm.shard_all_gather), 12)
-     << "reduce-scatter " << format_bytes(comm.shard_reduce_scatter);
+  os << "    shard group      all-gather " << pad(format_bytes(comm.shard_all_gather), 12);
+  if (comm.frozen_all_gather) {
+    os << "(frozen " << format_bytes(comm.frozen_all_gather) << ", trainable "
+       << format_bytes(comm.shard_all_gather - comm.frozen_all_gather) << ")  ";
+  }
+  os << "reduce-scatter " << format_bytes(comm.shard_reduce_scatter);
   if (comm.shard_all_reduce) os << "   all-reduce " << format_bytes(comm.shard_all_reduce);
   os << "\n    replicate group  all-reduce " << format_bytes(comm.replicate_all_reduce) << "\n";
   os << "\n  memory per rank      sharded      one replica\n";
@@ -246,13 +268,17 @@ std::string TopologyReport::to_json() const {
                   {"node", p.node}, {"local_rank", p.local_rank}});
   }
   j["total_params"] = total_params;
+  j["trainable_params"] = trainable_params;
   auto& us = j["units"] = nlohmann::ordered_json::array();
   for (const auto& u : units) {
     us.push_back({{"name", u.name.empty() ? "(root)" : u.name}, {"params", u.numel},
-                  {"padded_params", u.padded_numel}, {"shard_params", u.shard_numel}});
+                  {"padded_params", u.padded_numel}, {"shard_params", u.shard_numel},
+                  {"frozen_params", u.frozen_numel}, {"frozen_padded_params", u.frozen_padded_numel},
+                  {"frozen_shard_params", u.frozen_shard_numel}});
   }
   j["comm_bytes_per_step"] = {
       {"shard", {{"all_gather", comm.shard_all_gather},
+                 {"all_gather_frozen", comm.frozen_all_gather},
                  {"reduce_scatter", comm.shard_reduce_scatter},
                  {"all_reduce", comm.shard_all_reduce}}},
       {"replicate", {{"all_reduce", comm.replicate_all_reduce}}}};

@@ -300,6 +300,41 @@ TEST(Train, DryRunJsonDescribesTheMesh) {
   EXPECT_EQ(lines_of(dir.file("old.jsonl")), std::vector<std::string>{"keep"});
 }
 
+// --freeze: the matching parameters get no gradient or optimizer state (the per-rank sharded
+// state shrinks), the dry run and the summary say what is frozen, and the rest still trains.
+TEST(Train, FreezeKeepsThoseParametersOutOfTraining) {
+  TempDir dir;
+  const std::vector<std::string> freeze{"--freeze", "tok_emb.*", "--freeze", "block0.*"};
+  auto dry = train_args({"--devices", "2", "--dry-run"});
+  dry.insert(dry.end(), freeze.begin(), freeze.end());
+  auto d = run(dry, {}, 30s);
+  ASSERT_EQ(d.exit_code(), 0) << d.output;
+  EXPECT_NE(d.output.find(" frozen)"), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("block0                      "), std::string::npos) << d.output;
+  std::map<bool, json> last;
+  for (bool frozen : {false, true}) {
+    auto argv = train_args({"--devices", "2", "--quiet", "--metrics", dir.file("m.jsonl")});
+    if (frozen) argv.insert(argv.end(), freeze.begin(), freeze.end());
+    auto r = run(argv, {}, 60s);
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+    if (frozen) {
+      EXPECT_NE(r.output.find("trainable of"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("trainable)"), std::string::npos) << r.output;  // the banner
+    } else {
+      EXPECT_NE(r.output.find("all trainable"), std::string::npos) << r.output;
+    }
+    const auto lines = lines_of(dir.file("m.jsonl"));
+    ASSERT_EQ(lines.size(), 6u);
+    last[frozen] = json::parse(lines.back());
+    EXPECT_LT(last[frozen]["loss"].get<double>(), json::parse(lines.front())["loss"].get<double>())
+        << (frozen ? "frozen" : "full") << " run did not learn";
+  }
+  // Parameter shards stay; gradient shards and AdamW's two moments go for the frozen part.
+  EXPECT_LT(last[true]["sharded_state_bytes"].get<int64_t>(),
+            last[false]["sharded_state_bytes"].get<int64_t>());
+  EXPECT_NE(last[true]["loss"].get<double>(), last[false]["loss"].get<double>());
+}
+
 TEST(Train, HelpListsEveryFlagWithItsDefault) {
   auto r = run({kTrain, "--help"}, {}, 30s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
@@ -406,6 +441,9 @@ TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
       {{"--plot", dir.file("loss.jpg")}, "loss.jpg"},
       {{"--plot", dir.file("loss.png")}, "gnuplot", {{"PATH", "/nonexistent"}}},
       {{"--json"}, "--json only applies to --dry-run"},
+      {{"--freeze", "nothing*"}, "--freeze 'nothing*' matches no parameter"},
+      {{"--freeze", "block*", "--freeze", "*"}, "--freeze freezes all"},
+      {{"--freeze", ""}, "--freeze '' is empty"},
       // Issue 9: rejected up front, not clamped, not failing later in the ranks.
       {{"--global-batch", "1000000000", "--devices", "1"}, "--global-batch 1000000000 needs"},
       {{"--global-batch", "4611686018427387904"}, "--global-batch 4611686018427387904 needs"},

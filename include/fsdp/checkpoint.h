@@ -110,10 +110,17 @@ void prune_checkpoints(const std::string& dir, int64_t keep);
 // The step and caller state recorded in a checkpoint's meta.json (validated). Local.
 TrainingState read_checkpoint_state(const std::string& path);
 
-// Writes every parameter and buffer of `model`, unsharded, under the model's names to `file`:
-// ".pt" (PyTorch zip format, torch.load gives a dict name -> tensor) or ".safetensors".
-// Collective; rank 0 writes (atomically: "<file>.partial", then renamed).
-void export_full_checkpoint(FullyShardedModule& model, const std::string& file);
+struct ExportOptions {
+  // Only the trainable parameters (requires_grad at shard(); e.g. LoRA adapters), no frozen
+  // parameters and no buffers. Default false: everything.
+  bool trainable_only = false;
+};
+
+// Writes every parameter and buffer of `model` (frozen parameters too), unsharded, under the
+// model's names to `file`: ".pt" (PyTorch zip format, torch.load gives a dict name -> tensor) or
+// ".safetensors". Collective; rank 0 writes (atomically: "<file>.partial", then renamed).
+void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
+                            const ExportOptions& options = {});
 
 // Loads a full checkpoint (".pt" from export_full_checkpoint, save_full_checkpoint or Python's
 // torch.save of a state dict; or ".safetensors") into `model` on any mesh. Every rank reads the

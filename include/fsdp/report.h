@@ -33,13 +33,14 @@ struct RankPlacement {
 // Payload bytes one rank issues per optimizer step, in CommCounters' terms (collectives.h).
 struct StepComm {
   int64_t shard_all_gather = 0;      // shard group: gathering parameters (forward and backward)
+  int64_t frozen_all_gather = 0;     // ... of which frozen parameters (NOTE [frozen parameters])
   int64_t shard_reduce_scatter = 0;  // shard group: reducing gradients
   int64_t shard_all_reduce = 0;      // shard group: gradient-norm for clipping
   int64_t replicate_all_reduce = 0;  // replicate group: gradient shards across replicas
 };
 
 struct RankMemory {
-  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t params = 0, grads = 0, optimizer = 0;  // params: trainable and frozen
   int64_t total() const { return params + grads + optimizer; }
 };
 
@@ -51,6 +52,7 @@ struct TopologyReport {
   std::vector<std::vector<int64_t>> shard_groups, replicate_groups;
   std::vector<UnitInfo> units;
   int64_t total_params = 0;
+  int64_t trainable_params = 0;         // requires_grad; gradients and optimizer state cover these
   StepComm comm;
   RankMemory sharded;                   // this plan, per rank (largest shard)
   RankMemory replica;                   // one unsharded replica, for comparison

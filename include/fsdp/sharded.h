@@ -115,6 +115,26 @@ void collect_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
 }
 template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
 void collect_tensors(std::vector<at::Tensor>&, const T&) {}
+
+// The tensors among a forward's arguments (NOTE [frozen parameters]): tensors, vectors and
+// optionals of them; other argument types carry none.
+inline void collect_input_tensors(std::vector<at::Tensor>& out, const at::Tensor& t) {
+  out.push_back(t);
+}
+inline void collect_input_tensors(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& v) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <class T>
+void collect_input_tensors(std::vector<at::Tensor>& out, const T& value) {
+  if constexpr (std::is_same_v<T, c10::optional<at::Tensor>> ||
+                std::is_same_v<T, std::optional<at::Tensor>>) {
+    if (value) out.push_back(*value);
+  }
+}
+// Whether the unit needs its arguments' gradients tracked (it has frozen parameters and autograd
+// is recording), and the tracking itself.
+bool unit_tracks_inputs(UnitState* unit);
+void unit_track_inputs(UnitState* unit, const std::vector<at::Tensor>& inputs);
 }  // namespace detail
 
 // Base of every interceptable unit. Holds the link the engine sets while the model is sharded.
@@ -131,6 +151,11 @@ class UnitHooks {
     detail::UnitState* u = fsdp_unit_;
     if (!u) return body(std::forward<A>(args)...);
     detail::unit_pre_forward(u);
+    if (detail::unit_tracks_inputs(u)) {
+      std::vector<at::Tensor> inputs;
+      (detail::collect_input_tensors(inputs, args), ...);
+      detail::unit_track_inputs(u, inputs);
+    }
     R out = [&]() -> R {
       if constexpr (Rvalues && detail::checkpointable_v<R, F, A...>) {
         if (auto opts = detail::unit_checkpoint(u)) {
@@ -185,13 +210,26 @@ class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
 template <class M>
 using Unit = torch::nn::ModuleHolder<UnitImpl<M>>;
 
-// One unit as planned: its module path ("" for the root) and parameter count.
+// One unit as planned: its module path ("" for the root) and parameter counts.
+// NOTE [frozen parameters]
+// A unit's parameters form two flat tensors, each sharded the same way over the shard group:
+// the trainable ones (requires_grad) and the frozen ones. Both are gathered before the unit's
+// forward and backward; only the trainable flat gets a gradient buffer, a reduce-scatter and an
+// all-reduce, an optimizer shard (parameters()) and optimizer state. A frozen flat is freed in
+// backward once the gradients of the unit's tensor arguments and of its trainable parameters
+// are complete (the last moment autograd can read it), like FSDP2's post-backward on inputs.
+// requires_grad is read at fsdp::shard(); changing it later is an error at the next forward.
 struct UnitInfo {
   std::string name;
-  int64_t numel = 0;         // parameters P
+  int64_t numel = 0;         // trainable parameters P (requires_grad)
   int64_t padded_numel = 0;  // S * ceil(P / S)
   int64_t shard_numel = 0;   // ceil(P / S): elements this rank stores
-  std::vector<std::string> params;
+  std::vector<std::string> params;  // the trainable parameters' names, in flat order
+  int64_t frozen_numel = 0;         // frozen parameters F (requires_grad false)
+  int64_t frozen_padded_numel = 0;  // S * ceil(F / S)
+  int64_t frozen_shard_numel = 0;   // ceil(F / S)
+  std::vector<std::string> frozen_params;
+  int64_t total_numel() const { return numel + frozen_numel; }
 };
 
 // Finds the units `policy` makes of `model`, without sharding anything: what the engine and the
@@ -220,9 +258,18 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 // The engine shared by every ShardedModule<M>; see shard().
 class FullyShardedModule {
  public:
-  // This rank's parameter shards, one flat fp32 tensor per unit: give these to the optimizer.
+  // This rank's trainable parameter shards, one flat fp32 tensor per unit that has trainable
+  // parameters: give these to the optimizer. Frozen parameters (NOTE [frozen parameters]) are
+  // not among them. (fsdp::shard() refuses a model with no trainable parameter.)
   std::vector<at::Tensor> parameters() const;
   torch::OrderedDict<std::string, at::Tensor> named_parameters() const;  // "<unit>.flat_param"
+  // Throws fsdp::Error unless every tensor `optimizer` holds is one of parameters() (a frozen
+  // shard, an inner module's parameter or a foreign tensor is named). No communication;
+  // save_checkpoint and memory_stats call it too.
+  void check_optimizer(const torch::optim::Optimizer& optimizer) const;
+  // Parameter counts: trainable (requires_grad at shard()) and all, over the whole model.
+  int64_t trainable_numel() const;
+  int64_t total_numel() const;
 
   // Inside no_sync(), backward skips the communication the strategy's grad_sync mode allows
   // (GradSync::kLocal: all of it; kReplicateOnLast: the replicate all-reduce; kEveryMicroStep:

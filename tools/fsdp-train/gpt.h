@@ -7,6 +7,7 @@
 // NOTE [intercepting forward] in fsdp/sharded.h); embeddings, final norm and head form the root.
 #pragma once
 
+#include <fnmatch.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -111,5 +112,24 @@ struct GPTImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear head{nullptr};
 };
+
+// --freeze: every parameter whose name matches one of `patterns` (shell globs: * ? [...]) gets
+// requires_grad false before sharding (NOTE [frozen parameters] in fsdp/sharded.h). Returns the
+// number of parameters (elements) frozen.
+inline bool matches_any(const std::vector<std::string>& patterns, const std::string& name) {
+  for (const auto& g : patterns) {
+    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+inline int64_t freeze_parameters(torch::nn::Module& model, const std::vector<std::string>& patterns) {
+  int64_t frozen = 0;
+  for (auto& p : model.named_parameters()) {
+    if (!matches_any(patterns, p.key())) continue;
+    p.value().requires_grad_(false);
+    frozen += p.value().numel();
+  }
+  return frozen;
+}
 
 }  // namespace fsdp_train

@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
       plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
                                        launch.nproc_per_node);
     }
+    fsdp_train::check_freeze(o.freeze, plan.preset);
   } catch (const std::exception& e) {
     return fail(2, fsdp::error_message(e));
   }

@@ -280,6 +280,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--dropout", o.dropout,
                  "dropout probability on each block's attention and MLP outputs; 0 = none")
       ->group(model);
+  app.add_option("--freeze", o.freeze,
+                 "freeze the parameters whose names match this glob (e.g. 'tok_emb.*', "
+                 "'block*.q.*'; repeatable): no gradient, reduction or optimizer state for them")
+      ->type_name("GLOB")
+      ->group(model);
   app.add_option("--data", o.data,
                  cat("training text, read as bytes (vocabulary 256); empty = the default "
                      "corpus, license texts from ",
@@ -415,6 +420,9 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, "--dropout ", o.dropout,
              " is invalid; use a probability in [0, 1), e.g. 0.1");
   p.preset.dropout = o.dropout;
+  for (const auto& g : o.freeze) {
+    FSDP_CHECK(!g.empty(), "--freeze '' is empty; give a glob of parameter names, e.g. 'tok_emb.*'");
+  }
   const std::string prefetch = lower(o.prefetch);
   FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
              "' is unknown; use on or off");

@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string model = "small";
   std::string data;  // empty: the default corpus
   double dropout = 0;
+  std::vector<std::string> freeze;  // globs of parameter names trained frozen (requires_grad false)
   // Optimisation.
   int64_t steps = 100;
   int64_t global_batch = 8;

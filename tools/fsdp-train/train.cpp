@@ -184,7 +184,9 @@ struct StepRecord {
 
 // The settings every rank must agree on; a node started with other flags fails fast.
 std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
-  return cat("model ", p.preset.name, " steps ", o.steps, " global-batch ", o.global_batch,
+  std::string freeze;
+  for (const auto& g : o.freeze) freeze += " freeze " + g;
+  return cat("model ", p.preset.name, freeze, " steps ", o.steps, " global-batch ", o.global_batch,
              " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " warmup ",
              o.warmup_steps, " clip ", o.clip_grad, " seed ", o.seed, " dropout ",
              p.preset.dropout, " data ", p.data.bytes,
@@ -316,6 +318,12 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   std::snprintf(buf, sizeof(buf), "%.4f (step 1: %.4f; mean over the global batch)",
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
+  row("parameters",
+      report.trainable_params < report.total_params
+          ? cat(fsdp::format_count(double(report.trainable_params)), " trainable of ",
+                fsdp::format_count(double(report.total_params)), " (--freeze: the rest get no "
+                "gradient, reduction or optimizer state)")
+          : cat(fsdp::format_count(double(report.total_params)), ", all trainable"));
   row("activations", o.activation_checkpointing
                          ? "checkpointed: every block recomputes its forward in backward"
                          : "kept for backward (--activation-checkpointing recomputes them)");
@@ -350,8 +358,31 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
 
 }  // namespace
 
+void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& preset) {
+  if (patterns.empty()) return;
+  // The same parameter names with tiny tensors: only the layer count shapes the names.
+  ModelPreset names_only = preset;
+  names_only.d_model = preset.n_heads;
+  names_only.context = 1;
+  GPTImpl net(names_only);
+  const auto params = net.named_parameters();
+  int64_t frozen = 0;
+  for (const auto& p : params) frozen += matches_any(patterns, p.key()) ? 1 : 0;
+  for (const auto& g : patterns) {
+    bool hit = false;
+    for (const auto& p : params) hit = hit || matches_any({g}, p.key());
+    FSDP_CHECK(hit, "--freeze '", g, "' matches no parameter of --model ", preset.name,
+               " (its names look like tok_emb.weight, block0.q.weight, block0.ln1.bias, "
+               "ln_f.weight, head.weight); give a glob that matches some, e.g. 'block0.*'");
+  }
+  FSDP_CHECK(frozen < static_cast<int64_t>(params.size()), "--freeze freezes all ",
+             params.size(), " parameters of --model ", preset.name, ", so nothing would train; "
+             "freeze fewer (e.g. --freeze 'tok_emb.*' --freeze 'block0.*')");
+}
+
 int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
   auto net = std::make_shared<GPTImpl>(p.preset);
+  freeze_parameters(*net, o.freeze);
   const auto units = fsdp::plan_units(*net, p.strategy.auto_wrap_policy(), p.sharding.shard_size());
   const auto report =
       fsdp::make_topology_report(p.sharding, p.local_world_size, units, report_options(o, p));
@@ -373,7 +404,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   CheckpointLog ckpt;
   std::string sample;
   fsdp::TopologyReport report;
-  int64_t n_params = 0;
+  int64_t n_params = 0, n_trainable = 0;
   const auto start = Clock::now();
   bool lead = false;
   {
@@ -395,7 +426,9 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     auto net = std::make_shared<GPTImpl>(p.preset);
     n_params = count_params(*net);
+    freeze_parameters(*net, o.freeze);
     auto model = fsdp::shard(net, p.strategy, runtime);
+    n_trainable = model.trainable_numel();
     torch::optim::AdamW optimizer(
         model.parameters(),
         torch::optim::AdamWOptions(o.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.01));
@@ -413,7 +446,12 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           static_cast<long long>(W / p.local_world_size),
           W / p.local_world_size == 1 ? "node" : "nodes",
           static_cast<long long>(p.local_world_size), p.preset.name.c_str(),
-          fsdp::format_count(double(n_params)).c_str(), p.bf16 ? "bf16-mixed" : "fp32",
+          (fsdp::format_count(double(n_params)) +
+           (n_trainable < n_params
+                ? cat(" (", fsdp::format_count(double(n_trainable)), " trainable)")
+                : std::string()))
+              .c_str(),
+          p.bf16 ? "bf16-mixed" : "fp32",
           static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
           static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
           p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());

@@ -9,6 +9,10 @@ namespace fsdp_train {
 // Prints the topology report for plan.world_size ranks (text, or JSON with --json). Returns 0.
 int run_dry_run(const TrainOptions& o, const TrainPlan& plan);
 
+// Throws fsdp::Error unless every --freeze glob matches a parameter of the model and at least one
+// parameter stays trainable. Builds nothing of the model's size.
+void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& preset);
+
 // Joins the job (fsdp::Runtime::init), shards the GPT, trains o.steps optimizer steps; rank 0
 // prints the banner, progress and summary and writes --metrics and --plot. Returns 0; throws on
 // failure.
