@@ -2,7 +2,9 @@
 # fsdp-train under the real torchrun (PyTorch 2.x), whose agent hosts the rendezvous store
 # (TORCHELASTIC_USE_AGENT_STORE=True): static rendezvous, --standalone, --rdzv-backend c10d, and a
 # rank killed in the first attempt with --max-restarts 1 (the restarted attempt meets under its
-# own store prefix). Losses must equal `fsdp-train --devices 4`. Bad input fails at once.
+# own store prefix). Losses must equal `fsdp-train --devices 4`. Elastic (--nnodes 1:2): one of
+# two agents dies, the other continues with a world of 2 from the last checkpoint, resharded.
+# Bad input fails at once.
 #
 #   usage: torchrun_test.sh BUILD_DIR SOURCE_DIR      (exit 77: skipped, with the reason)
 #
@@ -89,6 +91,81 @@ timeout 180 torchrun --nnodes 1 --nproc-per-node 4 --master-addr 127.0.0.1 --mas
   --max-restarts 1 --no-python "$D/worker.sh" \
   >"$D/restart.out" 2>&1 || fail "torchrun --max-restarts 1: $(tail -n 5 "$D/restart.out")"
 expect_same_losses "torchrun --max-restarts 1 after a rank was killed" "$D/restart.jsonl" "$D/ref.jsonl"
+
+# Elastic: two agents on this host (--nnodes 1:2, c10d rendezvous, 2 ranks each) train a world of
+# 4 with sharded checkpoints; after the step-100 checkpoint, agent B dies with its workers (SIGKILL:
+# a lost node). Agent A's workers then fail on the lost connections, A restarts them, the
+# rendezvous closes with A alone (after B's heartbeats stop and last_call_timeout), and fsdp-train
+# resumes the latest checkpoint resharded from mesh (1, 4) to (1, 2). A hosts both stores: the
+# rendezvous endpoint (the first agent binds it) and the workers' store (the rendezvous' rank 0,
+# the smaller pid), and torchrun keeps that worker store for the agent's lifetime: the survivor
+# must be that agent (see the README's torchrun paragraph).
+E=$D/elastic
+ETRAIN=("$BUILD/fsdp-train" --model tiny --quiet --timeout 60 --strategy full_shard --steps 300)
+"${ETRAIN[@]}" --devices 4 --metrics "$D/elastic_ref.jsonl" >"$D/elastic_ref.out" 2>&1 ||
+  fail "elastic reference run --devices 4: $(tail -n 3 "$D/elastic_ref.out")"
+P=$(free_port)
+RDZV=(--nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$P"
+      --rdzv-id fsdp-elastic --rdzv-conf last_call_timeout=3 --max-restarts 2 --monitor-interval 0.5)
+ELASTIC=(--no-python "${ETRAIN[@]}" --checkpoint-dir "$E/ckpt" --checkpoint-every 50 --resume
+         --metrics "$E/run.jsonl")
+mkdir -p "$E"
+# Each agent and its workers (which torchrun starts in sessions of their own) in a session, so
+# that the trap can kill everything that is left.
+setsid timeout -k 5 240 torchrun "${RDZV[@]}" "${ELASTIC[@]}" >"$E/a.out" 2>&1 &
+A=$!
+sleep 1
+setsid timeout -k 5 240 torchrun "${RDZV[@]}" "${ELASTIC[@]}" >"$E/b.out" 2>&1 &
+B=$!
+descendants() { local p; for p in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$p"; descendants "$p"; done; }
+trap 'kill -9 $A $B $(descendants $A) $(descendants $B) 2>/dev/null; rm -rf "$D"' EXIT
+for _ in $(seq 900); do [ -e "$E/ckpt/step-00000100" ] && break; sleep 0.2; done
+victims=$(descendants "$B")
+group_rank_of_b=$(for v in $victims; do tr '\0' '\n' </proc/"$v"/environ 2>/dev/null; done |
+                  sed -n 's/^GROUP_RANK=//p' | head -n 1)
+if [ ! -e "$E/ckpt/step-00000100" ]; then
+  fail "elastic: no step-100 checkpoint within 180 s: $(tail -n 5 "$E/a.out")"
+elif [ "$group_rank_of_b" != 1 ]; then
+  fail "elastic: the second agent is rendezvous rank '$group_rank_of_b', not 1 (pid order); its death would take the workers' store"
+else
+  killed_at=$(date +%s)
+  kill -9 "$B" $victims 2>/dev/null
+  wait "$A"
+  rc=$?
+  took=$(($(date +%s) - killed_at))
+  if [ "$rc" -ne 0 ]; then
+    fail "elastic: agent A exited $rc after agent B was killed: $(grep -v '^$' "$E/a.out" | tail -n 8)"
+  else
+    pass "elastic: agent A finished ${took} s after agent B was killed"
+  fi
+  expect_contains "elastic: the restarted world of 2 resumed from a checkpoint" \
+    "fsdp-train: resumed from $E/ckpt/step-" "$E/a.out"
+  expect_contains "elastic: the resumed run trained on mesh (1, 2), world 2" \
+    "FULL_SHARD on mesh (1, 2), world 2" "$E/a.out"
+  # The resumed run rewrites the metrics from its checkpoint's step on: every step after it is
+  # there, within fp32 tolerance of the uninterrupted world of 4 (resharding changes the order of
+  # the reductions; measured: relative 2e-7 at most).
+  verdict=$(python3 - "$E/run.jsonl" "$D/elastic_ref.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    with open(path) as f:
+        return {j["step"]: j["loss"] for j in map(json.loads, filter(str.strip, f))}
+got, want = losses(sys.argv[1]), losses(sys.argv[2])
+if not got or max(got) != 300 or len(want) != 300:
+    print(f"steps: got {min(got, default=0)}..{max(got, default=0)}, reference {len(want)}"); sys.exit()
+worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in got)
+missing = [s for s in range(min(got), 301) if s not in got]
+print(f"ok {min(got)} {worst:.1e}" if worst <= 1e-5 and not missing and min(got) > 100
+      else f"steps {min(got)}..300, missing {missing[:5]}, max relative difference {worst:.1e}")
+PY
+)
+  case "$verdict" in
+    ok*) pass "elastic: steps $(echo "$verdict" | cut -d' ' -f2)..300 of the world of 2 match the world of 4 (max relative difference $(echo "$verdict" | cut -d' ' -f3))" ;;
+    *) fail "elastic: losses after the restart: $verdict" ;;
+  esac
+fi
+kill -9 $(descendants "$A") $(descendants "$B") 2>/dev/null
+trap 'rm -rf "$D"' EXIT
 
 # Bad input under torchrun: a mesh that does not fit the world fails at once, nothing hangs.
 P=$(free_port)
