@@ -444,6 +444,9 @@ TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
       {{"--freeze", "nothing*"}, "--freeze 'nothing*' matches no parameter"},
       {{"--freeze", "block*", "--freeze", "*"}, "--freeze freezes all"},
       {{"--freeze", ""}, "--freeze '' is empty"},
+      {{"--layers", "-1"}, "--layers -1"},
+      {{"--d-model", "100000"}, "--d-model 100000"},
+      {{"--d-model", "100", "--heads", "8"}, "--heads 8 does not divide the width 100"},
       // Issue 9: rejected up front, not clamped, not failing later in the ranks.
       {{"--global-batch", "1000000000", "--devices", "1"}, "--global-batch 1000000000 needs"},
       {{"--global-batch", "4611686018427387904"}, "--global-batch 4611686018427387904 needs"},

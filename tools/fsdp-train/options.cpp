@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <fstream>
 #include <sstream>
 
@@ -277,6 +278,14 @@ void add_flags(CLI::App& app, TrainOptions& o) {
 
   const char* model = "Model and data";
   app.add_option("--model", o.model, preset_help())->group(model);
+  app.add_option("--layers", o.layers, "blocks, overriding the preset's; 0 = the preset's")
+      ->group(model);
+  app.add_option("--d-model", o.d_model, "model width, overriding the preset's; 0 = the preset's")
+      ->group(model);
+  app.add_option("--heads", o.heads,
+                 "attention heads (must divide the width), overriding the preset's; 0 = the "
+                 "preset's")
+      ->group(model);
   app.add_option("--dropout", o.dropout,
                  "dropout probability on each block's attention and MLP outputs; 0 = none")
       ->group(model);
@@ -395,6 +404,24 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
     }
   }
   FSDP_CHECK(found, "--model '", o.model, "' is not a preset; use ", preset_names());
+  // An explicit shape: the preset's context (the longest --seq-len) stays.
+  constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 16;
+  FSDP_CHECK(o.layers >= 0 && o.layers <= kMaxLayers, "--layers ", o.layers,
+             " is invalid; use 1 to ", kMaxLayers, " (0 = the preset's)");
+  FSDP_CHECK(o.d_model >= 0 && o.d_model <= kMaxWidth, "--d-model ", o.d_model,
+             " is invalid; use 1 to ", kMaxWidth, " (0 = the preset's)");
+  FSDP_CHECK(o.heads >= 0 && o.heads <= kMaxWidth, "--heads ", o.heads, " is invalid; use 1 to ",
+             kMaxWidth, " (0 = the preset's)");
+  if (o.layers || o.d_model || o.heads) {
+    if (o.layers) p.preset.n_layers = o.layers;
+    if (o.d_model) p.preset.d_model = o.d_model;
+    if (o.heads) p.preset.n_heads = o.heads;
+    FSDP_CHECK(p.preset.d_model % p.preset.n_heads == 0, "--heads ", p.preset.n_heads,
+               " does not divide the width ", p.preset.d_model, "; use a divisor such as ",
+               std::gcd(p.preset.d_model, int64_t{8}), " or set --d-model to a multiple of it");
+    p.preset.name = cat(p.preset.name, " (d ", p.preset.d_model, ", ", p.preset.n_layers,
+                        " blocks, ", p.preset.n_heads, " heads)");
+  }
   FSDP_CHECK(o.steps >= 1, "--steps ", o.steps, " is invalid; use 1 or more");
   FSDP_CHECK(o.global_batch >= 1, "--global-batch ", o.global_batch, " is invalid; use 1 or more");
   FSDP_CHECK(o.seq_len >= 1 && o.seq_len <= p.preset.context, "--seq-len ", o.seq_len,

@@ -54,6 +54,8 @@ struct TrainOptions {
   bool activation_checkpointing = false;  // every block recomputes its forward in backward
   // Model and data.
   std::string model = "small";
+  // Explicit shape, overriding the preset's (0 = the preset's): any size can be asked for.
+  int64_t layers = 0, d_model = 0, heads = 0;
   std::string data;  // empty: the default corpus
   double dropout = 0;
   std::vector<std::string> freeze;  // globs of parameter names trained frozen (requires_grad false)
