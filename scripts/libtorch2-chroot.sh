@@ -19,46 +19,21 @@
 # TCPStore must use its classic server (USE_LIBUV=0, set by `run`; torchrun also needs the
 # sitecustomize.py of tests/launchers/torchrun_py).
 set -euo pipefail
-# The Debian mirror this machine's apt already uses (first URIs/deb line of its sources).
-debian_mirror() {
-  [ -n "${DEBIAN_MIRROR:-}" ] && { echo "$DEBIAN_MIRROR"; return; }
-  { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null
-    awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null; } | head -n1
-}
+. "$(dirname "$0")/debian13-chroot.sh"
 ROOT=${LIBTORCH2_ROOT:-/opt/libtorch2-chroot}
 PKGS="python3-torch libtorch-dev libgloo-dev libopenblas0-pthread cmake make ninja-build g++ \
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev \
       libspdlog-dev zlib1g-dev ca-certificates procps iproute2"
 
-mounts() {
-  for d in proc sys dev dev/pts; do
-    mountpoint -q "$ROOT/$d" || mount --bind "/$d" "$ROOT/$d"
-  done
-  mkdir -p "$ROOT/dev/shm"; mountpoint -q "$ROOT/dev/shm" || mount -t tmpfs tmpfs "$ROOT/dev/shm"
-  # The host's names: torchrun's c10d rendezvous tells workers its host name (getfqdn()), which
-  # must resolve inside the chroot too.
-  grep -q " $ROOT/etc/hosts " /proc/mounts || mount --bind /etc/hosts "$ROOT/etc/hosts"
-}
-
 case "${1:-}" in
   setup)
-    command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap; }
-    if [ ! -x "$ROOT/usr/bin/apt-get" ]; then
-      debootstrap --variant=minbase trixie "$ROOT" "$(debian_mirror)"
-    fi
-    mounts
-    chroot "$ROOT" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null"
+    chroot_setup "$ROOT" main "$PKGS"
     chroot "$ROOT" python3 -c 'import torch; print("libtorch2 chroot ready: torch", torch.__version__)'
     ;;
   run)
     shift
     [ -x "$ROOT/usr/bin/python3" ] || { echo "run '$0 setup' first" >&2; exit 2; }
-    mounts
-    here=$(pwd -P)
-    mkdir -p "$ROOT$here"
-    mountpoint -q "$ROOT$here" || mount --bind "$here" "$ROOT$here"
-    # PyTorch 2.6 as Debian builds it has no libuv: TCPStore must use its classic server.
-    exec chroot "$ROOT" env USE_LIBUV=0 bash -c 'cd "$0" && exec "$@"' "$here" "$@"
+    chroot_run "$ROOT" "$@"
     ;;
   path) echo "$ROOT" ;;
   *) sed -n '2,22p' "$0"; exit 2 ;;

@@ -1,6 +1,7 @@
-// A Group on c10d (see c10d_group.h), including the reduce-scatter and all-gather fallbacks for
-// backends without flat collectives (Gloo in libtorch 1.13, docs/platform.md): rings over
-// send/recv, which move (S-1)/S of the buffer per rank like the native ones.
+// Groups on c10d (see c10d_group.h). Gloo: one worker thread per group, with the reduce-scatter
+// and all-gather fallbacks for backends without flat collectives (Gloo in libtorch 1.13,
+// docs/platform.md): rings over send/recv, which move (S-1)/S of the buffer per rank like the
+// native ones. NCCL: NCCL's own collectives, issued at once (NOTE [NCCL groups]).
 #include "c10d_group.h"
 
 #include <ATen/ATen.h>
@@ -100,12 +101,10 @@ class Worker {
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
-            int64_t rank, std::string kind, bool flat, bool nccl, CollectiveAlgorithm algorithm)
+            int64_t rank, std::string kind, bool flat, CollectiveAlgorithm algorithm)
       : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
         flat_(flat), algorithm_(algorithm) {
-    if (algorithm_ == CollectiveAlgorithm::kAuto) {
-      algorithm_ = nccl ? CollectiveAlgorithm::kNative : CollectiveAlgorithm::kRing;
-    }
+    if (algorithm_ == CollectiveAlgorithm::kAuto) algorithm_ = CollectiveAlgorithm::kRing;
     FSDP_CHECK(algorithm_ != CollectiveAlgorithm::kNative || flat_,
                "collective algorithm 'native' was requested but the ", backend_->getBackendName(),
                " backend of this libtorch has no _allgather_base / _reduce_scatter_base; use auto, "
@@ -278,14 +277,107 @@ class C10dGroup final : public Group {
   Worker worker_;  // last: joined first, while the members it uses still exist
 };
 
+// A c10d Work as ours: wait() has the c10d semantics of the backend (NCCL: the caller's current
+// CUDA stream waits for the collective, the CPU does not), and a failure becomes fsdp::Error.
+class C10dWork final : public Work {
+ public:
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string what)
+      : work_(std::move(work)), what_(std::move(what)) {}
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(detail::cat(what_, " failed: ", error_message(e),
+                              " (a peer rank probably exited or timed out; see its output)"));
+    }
+  }
+  bool completed() const override { return work_->isCompleted(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+};
+
+// NOTE [NCCL groups]
+// An NCCL group issues every collective at once, on the calling thread: NCCL is asynchronous
+// itself and runs a group's collectives one at a time, in issue order, on the group's own CUDA
+// stream, after the work queued on the caller's current stream (c10d makes its stream wait for
+// the caller's). Work::wait() makes the *waiting* thread's current stream wait for the
+// collective; the CPU goes on. c10d keeps the input and output tensors alive for the allocator
+// (record_stream on its stream) until the collective finishes. All-gather and reduce-scatter are
+// NCCL's own flat collectives (_allgather_base / _reduce_scatter_base): no ring, no worker
+// thread, and bf16 is reduced natively. Callers must not issue on one group from two threads at
+// the same time.
+class NcclGroup final : public Group {
+ public:
+  NcclGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
+            int64_t rank, std::string kind, CollectiveAlgorithm algorithm)
+      : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)) {
+    FSDP_CHECK(algorithm == CollectiveAlgorithm::kAuto || algorithm == CollectiveAlgorithm::kNative,
+               "collective algorithm '", to_string(algorithm), "' is for Gloo groups; NCCL groups "
+               "use NCCL's own all-gather and reduce-scatter: use auto or native");
+  }
+
+ protected:
+  WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
+    return issue("all_gather", [&] { return backend_->_allgather_base(output, input); });
+  }
+  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return issue("reduce_scatter",
+                 [&] { return backend_->_reduce_scatter_base(output, input, opts); });
+  }
+  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) override {
+    if (after) after->wait();  // a stream dependency, not a CPU wait (NOTE [NCCL groups])
+    std::vector<at::Tensor> ts{tensor};
+    return issue("all_reduce", [&] { return backend_->allreduce(ts); });
+  }
+  WorkHandle run_broadcast(at::Tensor tensor, int64_t root) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = static_cast<int>(root);
+    return issue("broadcast", [&] { return backend_->broadcast(ts, opts); });
+  }
+  void run_barrier() override {
+    // On this thread's current device (Runtime::init set it to cuda:<LOCAL_RANK>); c10d would
+    // otherwise guess the device from the global rank.
+    c10d::BarrierOptions opts;
+    opts.device_ids = {compat::current_cuda_device()};
+    issue("barrier", [&] { return backend_->barrier(opts); })->wait();
+  }
+
+ private:
+  template <typename Fn>
+  WorkHandle issue(const char* op, Fn&& fn) {
+    const std::string what = detail::cat(op, " on the ", describe());
+    try {
+      return std::make_shared<C10dWork>(fn(), what);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(detail::cat(what, " failed: ", error_message(e)));
+    }
+  }
+
+  c10::intrusive_ptr<compat::C10dBackend> backend_;
+};
+
 }  // namespace
 
 std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> backend,
                                        std::vector<int64_t> ranks, int64_t rank, std::string kind,
                                        bool has_flat_collectives, bool is_nccl,
                                        CollectiveAlgorithm algorithm) {
+  if (is_nccl) {
+    TORCH_INTERNAL_ASSERT(has_flat_collectives, "NCCL always has flat collectives");
+    return std::make_shared<NcclGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
+                                       algorithm);
+  }
   return std::make_shared<C10dGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
-                                     has_flat_collectives, is_nccl, algorithm);
+                                     has_flat_collectives, algorithm);
 }
 
 }  // namespace fsdp::detail

@@ -11,6 +11,9 @@
 // - The rendezvous store's server listens on every interface in 1.13 (TCPStoreOptions has no
 //   address and no way to pass a socket); since 2.2 `masterListenFd` hands it a socket we bound to
 //   the master address ourselves (kStoreBindsMasterAddr, README "Security").
+// - CUDA (FSDP_WITH_CUDA, set where the libtorch found has CUDA): the NCCL header needs
+//   USE_C10D_NCCL; the caching allocator's DeviceStats type moved to c10::CachingDeviceAllocator
+//   in 2.x (cuda_allocated_bytes reads both). Only CUDA builds compile these.
 // Nothing outside this file tests TORCH_VERSION_*.
 #pragma once
 
@@ -31,6 +34,8 @@
 #define USE_C10D_NCCL
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace fsdp::compat {
@@ -74,5 +79,34 @@ inline c10d::TCPStoreOptions tcp_store_options() {
 #endif
   return opts;
 }
+
+#if defined(FSDP_WITH_CUDA)
+// Makes `index` the current CUDA device of the calling thread.
+inline void set_cuda_device(c10::DeviceIndex index) { c10::cuda::set_device(index); }
+inline int64_t current_cuda_device() { return c10::cuda::current_device(); }
+
+// Bytes the CUDA caching allocator has handed out on `index`: now, and the peak since the last
+// reset_cuda_peak (both counted in the allocator's rounded block sizes).
+struct CudaAllocated {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+inline CudaAllocated cuda_allocated_bytes(c10::DeviceIndex index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto& all = stats.allocated_bytes[0];  // StatType::AGGREGATE in both versions
+  return {all.current, all.peak};
+}
+inline void reset_cuda_peak(c10::DeviceIndex index) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+}
+#else
+inline void set_cuda_device(c10::DeviceIndex) {
+  TORCH_INTERNAL_ASSERT(false, "set_cuda_device without CUDA support");
+}
+inline int64_t current_cuda_device() {
+  TORCH_INTERNAL_ASSERT(false, "current_cuda_device without CUDA support");
+  return -1;
+}
+#endif
 
 }  // namespace fsdp::compat

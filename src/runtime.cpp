@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -27,7 +28,6 @@
 
 #if defined(FSDP_WITH_CUDA)
 #include <torch/cuda.h>
-#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace fsdp {
@@ -62,12 +62,26 @@ void set_threads(int64_t threads) {
 
 namespace {
 
-bool cuda_usable() {
+// Whether the libtorch we were compiled against has CUDA (then FSDP_WITH_CUDA is set), and how
+// many GPUs this process sees: 0 without a driver, a GPU, or with CUDA_VISIBLE_DEVICES empty.
+constexpr bool kCudaBuilt =
 #if defined(FSDP_WITH_CUDA)
-  return torch::cuda::is_available();
+    true;
 #else
-  return false;
+    false;
 #endif
+
+int64_t visible_gpus() {
+#if defined(FSDP_WITH_CUDA)
+  return static_cast<int64_t>(torch::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+std::string cuda_visible_devices() {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return v ? detail::cat("CUDA_VISIBLE_DEVICES='", v, "'") : "CUDA_VISIBLE_DEVICES unset";
 }
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -162,10 +176,44 @@ std::string seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
+namespace detail {
+
+BackendChoice choose_backend(Backend requested, bool cuda_built, int64_t visible_gpus) {
+  switch (requested) {
+    case Backend::kGloo: return {Backend::kGloo, "gloo, as requested"};
+    case Backend::kNccl:
+      FSDP_CHECK(cuda_built, "backend nccl needs CUDA, but this libtorch is a CPU-only build; use "
+                 "--backend gloo (or auto), or build against a CUDA libtorch");
+      FSDP_CHECK(visible_gpus > 0, "backend nccl needs a GPU, but this CUDA libtorch sees none (",
+                 cuda_visible_devices(), "); use --backend gloo (or auto), or run where a GPU is "
+                 "visible");
+      return {Backend::kNccl, "nccl, as requested"};
+    case Backend::kAuto: break;
+  }
+  if (!cuda_built) return {Backend::kGloo, "auto picked gloo: this libtorch is a CPU-only build"};
+  if (visible_gpus == 0) {
+    return {Backend::kGloo, detail::cat("auto picked gloo: this libtorch has CUDA but sees no GPU (",
+                                        cuda_visible_devices(), ")")};
+  }
+  return {Backend::kNccl, detail::cat("auto picked nccl: this libtorch has CUDA and sees ",
+                                      visible_gpus, visible_gpus == 1 ? " GPU" : " GPUs")};
+}
+
+void check_one_gpu_per_rank(int64_t local_rank, int64_t local_world_size, int64_t visible_gpus) {
+  FSDP_CHECK(local_world_size <= visible_gpus && local_rank < visible_gpus, local_world_size,
+             " ranks run on this node but it has only ", visible_gpus,
+             visible_gpus == 1 ? " visible GPU (" : " visible GPUs (", cuda_visible_devices(),
+             "), and NCCL needs one GPU per rank; start at most ", visible_gpus,
+             " ranks per node (--devices ", visible_gpus, "), or use --backend gloo");
+}
+
+}  // namespace detail
+
 struct Runtime::Impl {
   ClusterEnv env;
   RuntimeOptions options;
   Backend backend = Backend::kGloo;
+  std::string backend_reason;
   c10::Device device{c10::kCPU};
   int64_t threads = 1;
   c10::intrusive_ptr<c10d::Store> store;
@@ -283,17 +331,21 @@ struct RuntimeFactory {
     auto impl = std::make_unique<Runtime::Impl>();
     impl->env = env;
     impl->options = options;
-    Backend b = options.backend;
-    if (b == Backend::kAuto) b = cuda_usable() ? Backend::kNccl : Backend::kGloo;
-    FSDP_CHECK(b != Backend::kNccl || cuda_usable(),
-               "backend nccl needs a libtorch built with CUDA and a visible GPU, and this process "
-               "has neither; use --backend gloo (or auto)");
-    impl->backend = b;
-    if (b == Backend::kNccl) {
-      impl->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-#if defined(FSDP_WITH_CUDA)
-      c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
-#endif
+    const int64_t gpus = visible_gpus();
+    auto choice = detail::choose_backend(options.backend, kCudaBuilt, gpus);
+    impl->backend = choice.backend;
+    impl->backend_reason = std::move(choice.reason);
+    if (options.backend == Backend::kAuto && kCudaBuilt && impl->backend == Backend::kGloo &&
+        env.rank == 0) {
+      TORCH_WARN_ONCE(impl->backend_reason);  // a GPU build that runs on CPU: say so, once
+    }
+    if (impl->backend == Backend::kNccl) {
+      detail::check_one_gpu_per_rank(env.local_rank, env.local_world_size, gpus);
+      const auto index = static_cast<c10::DeviceIndex>(env.local_rank);
+      impl->device = c10::Device(c10::kCUDA, index);
+      // Current device of this thread: where c10d's NCCL communicators, its barrier and any
+      // tensor created without an explicit device end up.
+      compat::set_cuda_device(index);
     }
     return impl;
   }
@@ -381,6 +433,7 @@ const ClusterEnv& Runtime::env() const { return impl_->env; }
 int64_t Runtime::rank() const { return impl_->env.rank; }
 int64_t Runtime::world_size() const { return impl_->env.world_size; }
 Backend Runtime::backend() const { return impl_->backend; }
+const std::string& Runtime::backend_reason() const { return impl_->backend_reason; }
 c10::Device Runtime::device() const { return impl_->device; }
 const RuntimeOptions& Runtime::options() const { return impl_->options; }
 int64_t Runtime::threads() const { return impl_->threads; }

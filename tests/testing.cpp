@@ -40,7 +40,8 @@ TempDir::~TempDir() {
 }
 
 void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t local_world,
-               std::chrono::milliseconds timeout, CollectiveAlgorithm algorithm) {
+               std::chrono::milliseconds timeout, CollectiveAlgorithm algorithm,
+               Backend backend) {
   if (local_world <= 0) local_world = world;
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
@@ -59,7 +60,7 @@ void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn, int64_t l
         env.num_nodes = world / local_world;
         env.master_port = 1;
         RuntimeOptions opts;
-        opts.backend = Backend::kGloo;
+        opts.backend = backend;
         opts.timeout = timeout;
         opts.algorithm = algorithm;
         auto rt = detail::make_runtime(store, env, opts);

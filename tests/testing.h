@@ -14,11 +14,13 @@ namespace fsdp::testing {
 
 // Runs `fn` on `world` threads, each a rank with its own Runtime (Gloo groups over a shared
 // c10d::HashStore). `local_world` ranks form a "node" (default: all). Rethrows the first error.
-// Collectives time out after `timeout`, so a broken test fails instead of hanging.
+// Collectives time out after `timeout`, so a broken test fails instead of hanging. `backend`
+// kNccl gives each rank the GPU of its local rank (tests/test_gpu.cpp).
 void run_ranks(int64_t world, const std::function<void(Runtime&)>& fn,
                int64_t local_world = 0,
                std::chrono::milliseconds timeout = std::chrono::seconds(60),
-               CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto);
+               CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto,
+               Backend backend = Backend::kGloo);
 
 // A finished child process.
 struct ProcessResult {

@@ -22,7 +22,8 @@ namespace fsdp {
 enum class Backend {
   kAuto,  // nccl when this libtorch has CUDA and a GPU is visible, else gloo
   kGloo,  // CPU tensors
-  kNccl,  // CUDA tensors, one GPU per local rank
+  kNccl,  // CUDA tensors, one GPU per local rank (cuda:<LOCAL_RANK>); more local ranks than
+          // visible GPUs is an error
 };
 const char* to_string(Backend b);
 Backend parse_backend(const std::string& text);  // "auto" | "gloo" | "nccl", any case
@@ -56,6 +57,10 @@ class Runtime {
   int64_t rank() const;
   int64_t world_size() const;
   Backend backend() const;           // resolved: never kAuto
+  // Why backend() is what it is, e.g. "auto picked gloo: this libtorch has CUDA but sees no GPU
+  // (CUDA_VISIBLE_DEVICES='')". Rank 0 also warns with it where auto falls back to gloo on a
+  // CUDA build of libtorch.
+  const std::string& backend_reason() const;
   c10::Device device() const;        // cpu, or cuda:<local rank> with NCCL
   const RuntimeOptions& options() const;
   int64_t threads() const;           // intra-op threads this rank uses

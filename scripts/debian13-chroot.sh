@@ -1,0 +1,67 @@
+# Sourced, not run: the Debian 13 (trixie) chroot helpers shared by scripts/libtorch2-chroot.sh
+# (CPU libtorch 2.6) and scripts/cuda-check.sh (CUDA libtorch 2.6, contrib and non-free).
+#
+# chroot_setup ROOT COMPONENTS PACKAGES [DEBCONF]
+#                                        debootstrap ROOT once (COMPONENTS e.g. "main" or
+#                                        "main,contrib,non-free"), then install what PACKAGES
+#                                        lacks, with the debconf-set-selections lines DEBCONF
+#                                        answered first; idempotent
+# chroot_run ROOT CMD [ARG..]            run CMD inside, in the current directory (bind-mounted
+#                                        at the same path); does not return
+#
+# Needs root and a Debian mirror that has trixie: the mirror this machine's apt already uses
+# (the first URIs: / deb line of its sources), or DEBIAN_MIRROR=<url>.
+
+# The Debian mirror this machine's apt already uses (first URIs/deb line of its sources).
+debian_mirror() {
+  [ -n "${DEBIAN_MIRROR:-}" ] && { echo "$DEBIAN_MIRROR"; return; }
+  { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null
+    awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null; } | head -n1
+}
+
+chroot_mounts() {
+  local root=$1 d
+  for d in proc sys dev dev/pts; do
+    mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
+  done
+  mkdir -p "$root/dev/shm"; mountpoint -q "$root/dev/shm" || mount -t tmpfs tmpfs "$root/dev/shm"
+  # The host's names: torchrun's c10d rendezvous tells workers its host name (getfqdn()), which
+  # must resolve inside the chroot too. A minbase trixie has no /etc/hosts to mount over.
+  [ -e "$root/etc/hosts" ] || touch "$root/etc/hosts"
+  grep -q " $root/etc/hosts " /proc/mounts || mount --bind /etc/hosts "$root/etc/hosts"
+}
+
+chroot_setup() {
+  local root=$1 components=$2 packages=$3 debconf=${4:-} missing p
+  command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap; }
+  if [ ! -x "$root/usr/bin/apt-get" ]; then
+    debootstrap --variant=minbase --components="$components" trixie "$root" "$(debian_mirror)"
+  fi
+  # A chroot made earlier with fewer components (e.g. by libtorch2-chroot.sh) gains the others.
+  for p in ${components//,/ }; do
+    grep -qw -- "$p" "$root/etc/apt/sources.list" 2>/dev/null ||
+      echo "deb $(debian_mirror) trixie ${components//,/ }" > "$root/etc/apt/sources.list"
+  done
+  chroot_mounts "$root"
+  missing=
+  for p in $packages; do
+    chroot "$root" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing="$missing $p"
+  done
+  [ -z "$debconf" ] || echo "$debconf" | chroot "$root" debconf-set-selections
+  if [ -n "$missing" ]; then
+    chroot "$root" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends $packages >/dev/null"
+  fi
+}
+
+chroot_run() {
+  local root=$1 here
+  shift
+  chroot_mounts "$root"
+  here=$(pwd -P)
+  mkdir -p "$root$here"
+  mountpoint -q "$root$here" || mount --bind "$here" "$root$here"
+  # PyTorch 2.6 as Debian builds it has no libuv: TCPStore must use its classic server.
+  exec chroot "$root" env USE_LIBUV=0 bash -c 'cd "$0" && exec "$@"' "$here" "$@"
+}

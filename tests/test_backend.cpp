@@ -1,0 +1,99 @@
+// Which backend a rank gets, why, and the one-line errors of the GPU rules (runtime_internal.h):
+// nccl on a CPU-only libtorch or without a GPU, more ranks on a node than visible GPUs. Runs on
+// every build: the rules are pure functions, and the Runtime part checks this machine's answer.
+#include <gtest/gtest.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <string>
+
+#include "fsdp/error.h"
+#include "runtime_internal.h"
+
+using namespace fsdp;
+
+namespace {
+
+// Runs `fn`, which must throw fsdp::Error; returns its message.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no fsdp::Error thrown";
+  return "";
+}
+
+void expect_one_line_with(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
+}
+
+TEST(Backend, AutoPicksGlooOnACpuOnlyLibtorch) {
+  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/false, 0);
+  EXPECT_EQ(c.backend, Backend::kGloo);
+  EXPECT_EQ(c.reason, "auto picked gloo: this libtorch is a CPU-only build");
+}
+
+TEST(Backend, AutoPicksGlooOnACudaLibtorchWithoutAGpuAndSaysWhy) {
+  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 0);
+  EXPECT_EQ(c.backend, Backend::kGloo);
+  expect_one_line_with(c.reason, "auto picked gloo: this libtorch has CUDA but sees no GPU");
+  expect_one_line_with(c.reason, "CUDA_VISIBLE_DEVICES");
+}
+
+TEST(Backend, AutoPicksNcclWhereAGpuIsVisible) {
+  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 2);
+  EXPECT_EQ(c.backend, Backend::kNccl);
+  EXPECT_EQ(c.reason, "auto picked nccl: this libtorch has CUDA and sees 2 GPUs");
+  EXPECT_EQ(detail::choose_backend(Backend::kGloo, true, 2).backend, Backend::kGloo);
+}
+
+TEST(Backend, NcclOnACpuOnlyLibtorchIsAClearError) {
+  expect_one_line_with(error_of([] { detail::choose_backend(Backend::kNccl, false, 0); }),
+                       "backend nccl needs CUDA, but this libtorch is a CPU-only build; use "
+                       "--backend gloo (or auto)");
+}
+
+TEST(Backend, NcclWithoutAVisibleGpuIsAClearError) {
+  expect_one_line_with(error_of([] { detail::choose_backend(Backend::kNccl, true, 0); }),
+                       "backend nccl needs a GPU, but this CUDA libtorch sees none (");
+}
+
+TEST(Backend, MoreRanksOnANodeThanGpusIsAClearError) {
+  detail::check_one_gpu_per_rank(0, 1, 1);
+  detail::check_one_gpu_per_rank(3, 4, 8);
+  expect_one_line_with(error_of([] { detail::check_one_gpu_per_rank(3, 4, 2); }),
+                       "4 ranks run on this node but it has only 2 visible GPUs (");
+  expect_one_line_with(error_of([] { detail::check_one_gpu_per_rank(1, 2, 1); }),
+                       "NCCL needs one GPU per rank; start at most 1 ranks per node (--devices 1)");
+}
+
+// This process, as built: auto resolves to what choose_backend says for this libtorch and its
+// GPUs, and nccl is refused with the same message where it cannot run.
+TEST(Backend, RuntimeReportsItsChoice) {
+  ClusterEnv env;
+  env.kind = ClusterKind::kTorchElastic;
+  RuntimeOptions opts;
+  auto rt = detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
+  if (rt->backend() == Backend::kNccl) {
+    EXPECT_EQ(rt->device(), c10::Device(c10::kCUDA, 0));
+    GTEST_SKIP() << "a GPU is visible: " << rt->backend_reason();
+  }
+  EXPECT_EQ(rt->device(), c10::Device(c10::kCPU));
+#if defined(FSDP_WITH_CUDA)
+  EXPECT_NE(rt->backend_reason().find("this libtorch has CUDA but sees no GPU"), std::string::npos)
+      << rt->backend_reason();
+#else
+  EXPECT_EQ(rt->backend_reason(), "auto picked gloo: this libtorch is a CPU-only build");
+#endif
+  opts.backend = Backend::kNccl;
+  expect_one_line_with(error_of([&] {
+                         detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
+                       }),
+                       "; use --backend gloo (or auto)");
+}
+
+}  // namespace
