@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: all setup configure build test demo clean libtorch2-chroot sanitize fuzz
+.PHONY: all setup configure build test demo clean libtorch2-chroot sanitize fuzz cuda-check bench
 
 all: build
 
@@ -47,6 +47,11 @@ fuzz: setup
 demo: build
 	./scripts/demo.sh $(BUILD)
 
+# BENCHMARKS.md, docs/bench/*.png and docs/bench/results.json (about 15 minutes; bench/bench.py
+# says what it runs). The libtorch 2.6 comparison needs `make libtorch2-chroot` first.
+bench: build
+	/usr/bin/python3 bench/bench.py --build $(BUILD)
+
 clean:
 	rm -rf $(BUILD)
 
@@ -54,3 +59,9 @@ clean:
 # the real torchrun test runs there (tests/launchers/torchrun_test.sh); see the script's header.
 libtorch2-chroot:
 	./scripts/libtorch2-chroot.sh setup
+
+# The CUDA/NCCL code compiled and the whole suite run against Debian 13's CUDA libtorch 2.6, no
+# GPU needed (root, a Debian mirror; the first run downloads ~2.9 GB into /opt/cuda-chroot): see
+# scripts/cuda-check.sh and README "Testing". Not part of `make test`.
+cuda-check:
+	./scripts/cuda-check.sh all
