@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: all setup configure build test demo clean libtorch2-chroot sanitize fuzz cuda-check
+.PHONY: all setup configure build test demo clean libtorch2-chroot sanitize fuzz cuda-check bench
 
 all: build
 
@@ -46,6 +46,11 @@ fuzz: setup
 
 demo: build
 	./scripts/demo.sh $(BUILD)
+
+# BENCHMARKS.md, docs/bench/*.png and docs/bench/results.json (about 15 minutes; bench/bench.py
+# says what it runs). The libtorch 2.6 comparison needs `make libtorch2-chroot` first.
+bench: build
+	/usr/bin/python3 bench/bench.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

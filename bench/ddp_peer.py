@@ -10,6 +10,7 @@ It starts its own ranks (torch.multiprocessing, FileStore rendezvous): Debian's 
 no libuv, which torchrun's rendezvous insists on.
 """
 import argparse
+import json
 import math
 import os
 import statistics
@@ -92,7 +93,20 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=0, help="override the preset's blocks")
+    ap.add_argument("--d-model", type=int, default=0, help="override the preset's width")
+    ap.add_argument("--heads", type=int, default=0, help="override the preset's heads")
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping; 0 = off")
+    ap.add_argument("--no-ddp", action="store_true",
+                    help="--nproc 1 only: plain training, no process group (the machine's limit)")
+    ap.add_argument("--json", default="", help="append the result as one JSON line to this file")
     args = ap.parse_args()
+    d, layers, heads, context = PRESETS[args.model]
+    args.shape = (args.d_model or d, args.layers or layers, args.heads or heads, context)
+    if args.no_ddp:
+        assert args.nproc == 1, "--no-ddp runs one process"
+        worker(0, args, None)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         torch.multiprocessing.spawn(worker, args=(args, os.path.join(tmp, "store")),
                                     nprocs=args.nproc)
@@ -100,11 +114,14 @@ def main():
 
 def worker(rank, args, store_path):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
-                            world_size=args.nproc)
+    if store_path:
+        dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
+                                world_size=args.nproc)
     world = args.nproc
     torch.manual_seed(1234)
-    model = nn.parallel.DistributedDataParallel(GPT(*PRESETS[args.model]))
+    model = GPT(*args.shape)
+    if store_path:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
     data = corpus()
     gen = torch.Generator().manual_seed(1234)
@@ -119,16 +136,25 @@ def worker(rank, args, store_path):
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
-        dist.barrier()
+        if store_path:
+            dist.barrier()
         times.append(time.perf_counter() - t0)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
+        median = statistics.median(times[2:]) if len(times) > 2 else statistics.median(times)
         print(f"ddp_peer: torch {torch.__version__}, {world} ranks, model {args.model} "
-              f"({params} params), median s/step of steps 3..{args.steps}: "
-              f"{statistics.median(times[2:]):.4f}")
-    dist.destroy_process_group()
+              f"({params} params), median s/step of steps 3..{args.steps}: {median:.4f}")
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"peer": "plain" if not store_path else "ddp",
+                                    "torch": torch.__version__, "world": world,
+                                    "params": params, "step_times": times,
+                                    "median_step_s": median}) + "\n")
+    if store_path:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

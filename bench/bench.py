@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""`make bench`: measures fsdp-train and writes BENCHMARKS.md, its charts and the raw results.
+
+What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread per rank):
+  peers    fsdp-train (NO_SHARD, FULL_SHARD, HYBRID_SHARD) against PyTorch DistributedDataParallel
+           (bench/ddp_peer.py, the same GPT, AdamW, clipping, global batch) at W = 2 and 4, in
+           alternating rounds; with Debian 12's python3-torch 1.13 against our libtorch 1.13
+           build, and with PyTorch 2.6 against our 2.6 build in the libtorch 2.6 chroot
+           (scripts/libtorch2-chroot.sh) when it exists.
+  limit    one process, one thread, the same global batch: the machine's limit for W ranks on C
+           cores is that step time / min(W, C).
+  theory   bytes communicated per step per group and sharded state per rank, measured (fsdp-train
+           --metrics) next to the formulas.
+  scaling  step time and peak RSS against model size per strategy (W = 4), and against W.
+  memory   under a per-rank memory cap (a memory cgroup per rank: the kernel kills a rank that
+           exceeds it), the largest GPT each strategy trains at W = 4 (--layers varied).
+
+    /usr/bin/python3 bench/bench.py --build build            # ~15 min: BENCHMARKS.md, docs/bench/
+    /usr/bin/python3 bench/bench.py --build build --quick --out /tmp/b   # one tiny configuration
+
+A benchmark, not a test: it asserts nothing about speed; it prints and writes what it measured.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"  # Debian's, with python3-torch (PATH's python3 may be another)
+CHROOT_SCRIPT = os.path.join(ROOT, "scripts", "libtorch2-chroot.sh")
+CORES = os.cpu_count() or 1
+
+
+def log(*a):
+    print("bench:", *a, flush=True)
+
+
+def shown(args):
+    """A command as BENCHMARKS.md shows it: paths relative to the repository, no temp files."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("--json", "--metrics", "--quiet"):
+            skip = a != "--quiet"
+            continue
+        out.append(os.path.relpath(a, ROOT) if a.startswith(ROOT + "/") else a)
+    return " ".join(out)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+class Runner:
+    def __init__(self, build, work, quick):
+        self.build, self.work, self.quick = build, work, quick
+        self.train = os.path.join(build, "fsdp-train")
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    def train_args(self, model, steps, batch, seq, extra):
+        return [self.train, "--model", model, "--steps", str(steps), "--global-batch", str(batch),
+                "--seq-len", str(seq), "--warmup-steps", "1", "--threads", "1", "--quiet"] + extra
+
+    def fsdp(self, model, steps, batch, seq, world, strategy, extra=(), prefix=(), label=""):
+        """One fsdp-train run; returns its per-step metrics and plan."""
+        metrics = os.path.join(self.work, "m.jsonl")
+        if os.path.exists(metrics):
+            os.unlink(metrics)
+        mesh = []
+        if strategy.startswith("hybrid"):
+            mesh = ["--mesh", f"2,{world // 2}"]
+        args = self.train_args(model, steps, batch, seq,
+                               ["--devices", str(world), "--strategy", strategy] + mesh +
+                               list(extra))
+        plan = json.loads(subprocess.run(args + ["--dry-run", "--json"], env=self.env, check=True,
+                                         capture_output=True, text=True).stdout)
+        t0 = time.time()
+        p = subprocess.run(list(prefix) + args + ["--metrics", metrics], env=self.env,
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {p.stdout[-500:]} "
+                               f"{p.stderr[-500:]}")
+        steps_m = [json.loads(line) for line in open(metrics)]
+        times = [s["step_time_s"] for s in steps_m]
+        return {"kind": "fsdp", "label": label or strategy, "strategy": strategy, "world": world,
+                "model": model, "extra": list(extra), "params": plan["total_params"],
+                "command": shown(args),
+                "step_times": times, "median_step_s": median(times[2:] or times),
+                "wall_s": time.time() - t0, "steps": steps_m, "plan": plan}
+
+    def ddp(self, python, model, steps, batch, seq, world, prefix=(), extra=()):
+        out = os.path.join(self.work, "peer.jsonl")
+        if os.path.exists(out):
+            os.unlink(out)
+        args = [python, os.path.join(HERE, "ddp_peer.py"), "--nproc", str(world), "--model", model,
+                "--steps", str(steps), "--global-batch", str(batch), "--seq-len", str(seq),
+                "--json", out] + list(extra)
+        subprocess.run(list(prefix) + args, env=self.env, check=True, capture_output=True,
+                       timeout=900)
+        r = json.loads(open(out).read().splitlines()[-1])
+        r.update(kind=r["peer"], label=f"PyTorch {r['peer'].upper() if r['peer'] == 'ddp' else 'one process'}",
+                 model=model, command=shown(args))
+        return r
+
+
+def libtorch_version():
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libtorch-dev"],
+                             capture_output=True, text=True).stdout
+        return out or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": CORES, "memory_bytes": mem, "kernel": platform.release(),
+            "libtorch": libtorch_version(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_before": os.getloadavg()[0]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+def peers(r, results, quick):
+    """fsdp-train vs DDP (and the one-process limit), alternating rounds."""
+    model, batch, seq, steps = ("tiny", 8, 32, 4) if quick else ("small", 16, 128, 12)
+    worlds = [2] if quick else [2, 4]
+    rounds = 1 if quick else 3
+    rows = []
+    for rnd in range(rounds):
+        for w in worlds:
+            configs = [("ddp", None), ("fsdp", "no_shard"), ("fsdp", "full_shard")]
+            if w >= 4:
+                configs.append(("fsdp", "hybrid_shard"))
+            if rnd % 2:
+                configs.reverse()  # alternate the order: drift hits every config alike
+            for kind, strategy in configs:
+                log(f"peers 1.13: round {rnd + 1}/{rounds} W={w} {strategy or 'DDP'}")
+                if kind == "ddp":
+                    res = r.ddp(PY, model, steps, batch, seq, w)
+                else:
+                    res = r.fsdp(model, steps, batch, seq, w, strategy)
+                res.update(round=rnd, torch_line="1.13")
+                rows.append(res)
+        log(f"limit 1.13: round {rnd + 1}/{rounds}")
+        res = r.fsdp(model, steps, batch, seq, 1, "no_shard", label="one process")
+        res.update(round=rnd, torch_line="1.13", kind="limit")
+        rows.append(res)
+        res = r.ddp(PY, model, steps, batch, seq, 1, extra=["--no-ddp"])
+        res.update(round=rnd, torch_line="1.13", kind="limit-py")
+        rows.append(res)
+    results["peers"] = rows
+    results["peer_shape"] = {"model": model, "global_batch": batch, "seq_len": seq,
+                             "steps": steps, "rounds": rounds}
+
+
+def peers_26(r, results, quick):
+    """The same against PyTorch 2.6, in the libtorch 2.6 chroot, with our 2.6 build."""
+    build26 = os.path.join(r.build, "libtorch2")
+    root = None
+    if os.path.exists(CHROOT_SCRIPT):
+        root = subprocess.run([CHROOT_SCRIPT, "path"], capture_output=True, text=True).stdout.strip()
+    if quick or not root or not os.path.exists(os.path.join(root, "usr/bin/python3")):
+        results["peers_26"] = {"skipped": "quick mode" if quick else
+                               "no libtorch 2.6 chroot (make libtorch2-chroot)"}
+        return
+    log("building fsdp-train against libtorch 2.6 in", build26)
+    subprocess.run([CHROOT_SCRIPT, "run", "bash", "-c",
+                    'cmake -S "$2" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && '
+                    'cmake --build "$1" --target fsdp-train >/dev/null', "_", build26, ROOT],
+                   check=True)
+    r26 = Runner(build26, r.work, quick)
+    prefix = [CHROOT_SCRIPT, "run"]
+    model, batch, seq, steps, rounds = "small", 16, 128, 12, 2
+    rows = []
+    for rnd in range(rounds):
+        for w in (2, 4):
+            configs = [("ddp", None), ("fsdp", "no_shard"), ("fsdp", "full_shard")]
+            if rnd % 2:
+                configs.reverse()
+            for kind, strategy in configs:
+                log(f"peers 2.6: round {rnd + 1}/{rounds} W={w} {strategy or 'DDP'}")
+                if kind == "ddp":
+                    res = r26.ddp("python3", model, steps, batch, seq, w, prefix=prefix)
+                else:
+                    res = r26.fsdp(model, steps, batch, seq, w, strategy, prefix=prefix)
+                res.update(round=rnd, torch_line="2.6")
+                rows.append(res)
+    results["peers_26"] = rows
+    # PyTorch's own FSDP on CPU, for the record (the error text is quoted in BENCHMARKS.md).
+    probe = subprocess.run(prefix + ["python3", os.path.join(HERE, "fsdp_cpu_probe.py")],
+                           capture_output=True, text=True, timeout=300)
+    results["fsdp_cpu_probe"] = (probe.stdout + probe.stderr).strip()[-2000:]
+
+
+def scaling(r, results, quick):
+    models = ["tiny"] if quick else ["tiny", "small", "medium"]
+    strategies = ["full_shard"] if quick else ["no_shard", "shard_grad_op", "full_shard",
+                                               "hybrid_shard"]
+    w, batch, seq, steps = (2, 4, 32, 3) if quick else (4, 8, 128, 6)
+    rows = []
+    for m in models:
+        for s in strategies:
+            log(f"scaling: model {m} {s} W={w}")
+            res = r.fsdp(m, steps, batch, seq, w, s)
+            rows.append(res)
+    results["scaling_model"] = rows
+    rows = []
+    for world in ([1, 2] if quick else [1, 2, 4, 8]):
+        log(f"scaling: W={world}")
+        rows.append(r.fsdp("tiny" if quick else "small", steps, 8, seq, world, "full_shard"))
+    results["scaling_world"] = rows
+
+
+class MemoryCap:
+    """One memory cgroup per rank (v2 memory.max, or v1 memory.limit_in_bytes)."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.base = None
+        for base, knob in (("/sys/fs/cgroup", "memory.max"), ("/sys/fs/cgroup/unified", "memory.max"),
+                           ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")):
+            if os.path.exists(os.path.join(base, knob if knob != "memory.max" else "cgroup.controllers")):
+                if knob == "memory.max" and "memory" not in open(os.path.join(base, "cgroup.controllers")).read():
+                    continue
+                self.base, self.knob = base, knob
+                break
+        self.kind = None if not self.base else ("v2" if self.knob == "memory.max" else "v1")
+
+    def why_not(self):
+        if not self.base:
+            return "no memory cgroup controller (v2 memory.max or v1 memory.limit_in_bytes)"
+        try:
+            d = os.path.join(self.base, f"fsdp-bench-probe-{os.getpid()}")
+            os.mkdir(d)
+            os.rmdir(d)
+        except OSError as e:
+            return f"cannot create a memory cgroup under {self.base}: {e}"
+        return None
+
+    def groups(self, n):
+        out = []
+        for i in range(n):
+            d = os.path.join(self.base, f"fsdp-bench-{os.getpid()}-rank{i}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, self.knob), "w") as f:
+                f.write(str(self.limit))
+            if self.kind == "v1" and os.path.exists(os.path.join(d, "memory.memsw.limit_in_bytes")):
+                with open(os.path.join(d, "memory.memsw.limit_in_bytes"), "w") as f:
+                    f.write(str(self.limit))
+            out.append(d)
+        return out
+
+    @staticmethod
+    def remove(groups):
+        for d in groups:
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def fits(r, cap, strategy, layers, d_model, heads, world, steps):
+    """Trains `steps` steps with every rank in its own capped cgroup; True if all ranks finish."""
+    groups = cap.groups(world)
+    with socket.socket() as sock:  # a port nobody listens on now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = r.train_args("medium", steps, world, 32,
+                        ["--strategy", strategy, "--layers", str(layers), "--d-model", str(d_model),
+                         "--heads", str(heads), "--timeout", "60"] +
+                        (["--mesh", f"2,{world // 2}"] if strategy.startswith("hybrid") else []))
+    procs = []
+    try:
+        for rank in range(world):
+            env = dict(r.env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            # The shell joins its rank's cgroup, then becomes fsdp-train.
+            cmd = f'echo $$ > "{groups[rank]}/cgroup.procs" && exec "$@"'
+            procs.append(subprocess.Popen(["sh", "-c", cmd, "sh"] + args, env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          start_new_session=True))
+        codes = []
+        deadline = time.time() + 600
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return all(c == 0 for c in codes), codes
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        MemoryCap.remove(groups)
+
+
+def memory_headline(r, results, quick):
+    cap_bytes = 512 << 20
+    cap = MemoryCap(cap_bytes)
+    why = cap.why_not()
+    if why:
+        results["memory"] = {"skipped": why}
+        return
+    world, d_model, heads, steps = 4, 512, 8, 2
+    strategies = ["full_shard"] if quick else ["no_shard", "shard_grad_op", "full_shard",
+                                               "hybrid_shard"]
+    rows = []
+    for s in strategies:
+        # Double until a run dies, then bisect (to 1 layer, or 2 probes in quick mode).
+        lo, hi, probes = 0, None, []
+        layers = 1
+        while hi is None and layers <= 512:
+            ok, codes = fits(r, cap, s, layers, d_model, heads, world, steps)
+            probes.append({"layers": layers, "ok": ok, "exit_codes": codes})
+            log(f"memory: {s} {layers} layers: {'fits' if ok else 'killed/failed ' + str(codes)}")
+            if ok:
+                lo = layers
+                layers *= 2
+                if quick and len(probes) >= 2:
+                    break
+            else:
+                hi = layers
+        while hi is not None and hi - lo > max(1, lo // 8) and not quick:
+            mid = (lo + hi) // 2
+            ok, codes = fits(r, cap, s, mid, d_model, heads, world, steps)
+            probes.append({"layers": mid, "ok": ok, "exit_codes": codes})
+            log(f"memory: {s} {mid} layers: {'fits' if ok else 'killed/failed ' + str(codes)}")
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        params = None
+        if lo:
+            plan = json.loads(subprocess.run(
+                r.train_args("medium", 1, world, 32, ["--strategy", s, "--layers", str(lo),
+                                                      "--d-model", str(d_model), "--heads",
+                                                      str(heads), "--devices", str(world)] +
+                             (["--mesh", f"2,{world // 2}"] if s.startswith("hybrid") else []) +
+                             ["--dry-run", "--json"]),
+                env=r.env, check=True, capture_output=True, text=True).stdout)
+            params = plan["total_params"]
+        rows.append({"strategy": s, "largest_layers": lo, "first_failing_layers": hi,
+                     "params": params, "probes": probes})
+    results["memory"] = {"cap_bytes": cap_bytes, "cgroup": cap.kind, "world": world,
+                         "d_model": d_model, "heads": heads, "steps": steps, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
+    ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
+    ap.add_argument("--sections", default="peers,peers26,scaling,memory")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    sections = args.sections.split(",")
+    results = {"machine": machine(), "quick": args.quick}
+    started = time.time()
+    with tempfile.TemporaryDirectory() as work:
+        r = Runner(build, work, args.quick)
+        if "peers" in sections:
+            peers(r, results, args.quick)
+        if "peers26" in sections:
+            peers_26(r, results, args.quick)
+        if "scaling" in sections:
+            scaling(r, results, args.quick)
+        if "memory" in sections:
+            memory_headline(r, results, args.quick)
+    results["seconds"] = time.time() - started
+    results["machine"]["load_after"] = os.getloadavg()[0]
+    out_dir = os.path.join(args.out, "docs", "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    subprocess.run([PY, os.path.join(HERE, "bench_report.py"), os.path.join(out_dir, "results.json"),
+                    "--out", args.out], check=True)
+    log(f"done in {results['seconds']:.0f} s: {os.path.join(args.out, 'BENCHMARKS.md')}")
+
+
+if __name__ == "__main__":
+    main()

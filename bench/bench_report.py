@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Writes BENCHMARKS.md and its charts (gnuplot PNGs) from bench/bench.py's results.json.
+
+    /usr/bin/python3 bench/bench_report.py docs/bench/results.json --out .
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+
+NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "BENCHMARKS.notes.md")
+
+
+def med(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt_s(x):
+    return f"{x:.4f}" if x == x else "n/a"
+
+
+def fmt_b(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024.0
+
+
+def fmt_count(n):
+    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} k"
+
+
+def details(title, obj):
+    def strip(o):  # the per-step metrics and plans are long: keep the numbers a table used
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items() if k not in ("steps", "plan")}
+        if isinstance(o, list):
+            return [strip(v) for v in o]
+        return o
+    return (f"<details><summary>{title}: raw JSON</summary>\n\n```json\n"
+            f"{json.dumps(strip(obj), indent=None)}\n```\n</details>\n")
+
+
+def label_of(r):
+    if r["kind"] == "ddp":
+        return "PyTorch DDP"
+    return {"no_shard": "fsdp NO_SHARD", "full_shard": "fsdp FULL_SHARD",
+            "hybrid_shard": "fsdp HYBRID_SHARD (2, W/2)",
+            "shard_grad_op": "fsdp SHARD_GRAD_OP"}.get(r.get("strategy"), r.get("label", "?"))
+
+
+def peer_table(rows, cores, line):
+    """Per W: each config's median per round, the median, the ratio to DDP (per round, then
+    median) and to the machine's limit."""
+    out = []
+    limits = [r["median_step_s"] for r in rows if r["kind"] in ("limit", "limit-py")]
+    limit1 = min(med([r["median_step_s"] for r in rows if r["kind"] == k])
+                 for k in ("limit", "limit-py") if any(r["kind"] == k for r in rows)) if limits else None
+    summary = {}
+    for w in sorted({r["world"] for r in rows if r["kind"] in ("ddp", "fsdp")}):
+        group = [r for r in rows if r["world"] == w and r["kind"] in ("ddp", "fsdp")]
+        rounds = sorted({r["round"] for r in group})
+        ddp = {r["round"]: r["median_step_s"] for r in group if r["kind"] == "ddp"}
+        limit = limit1 / min(w, cores) if limit1 else None
+        out.append(f"\n**W = {w}** (PyTorch {line}; limit = one process's step / min(W, {cores} "
+                   f"cores) = {fmt_s(limit) if limit else 'n/a'} s)\n")
+        out.append("| run | params | median s/step per round | median | vs DDP | vs limit |")
+        out.append("|---|---|---|---|---|---|")
+        configs = []
+        for r in group:
+            key = label_of(r)
+            if key not in configs:
+                configs.append(key)
+        for key in configs:
+            mine = {r["round"]: r for r in group if label_of(r) == key}
+            per_round = [mine[k]["median_step_s"] for k in rounds if k in mine]
+            ratios = [mine[k]["median_step_s"] / ddp[k] for k in rounds if k in mine and k in ddp]
+            m = med(per_round)
+            params = next(iter(mine.values()))["params"]
+            vs_ddp = f"{med(ratios):.3f}x" if ratios and key != "PyTorch DDP" else "1"
+            vs_limit = f"{m / limit:.2f}x" if limit else "n/a"
+            out.append(f"| {key} | {params:,} | {' / '.join(fmt_s(x) for x in per_round)} | "
+                       f"{fmt_s(m)} | {vs_ddp} | {vs_limit} |")
+            summary[(w, key)] = {"median": m, "vs_ddp": med(ratios) if ratios else None,
+                                 "vs_limit": m / limit if limit else None}
+    return "\n".join(out) + "\n", summary
+
+
+def theory_rows(runs):
+    """Measured bytes per step per group (from --metrics, steps >= 2) against the formulas."""
+    out = ["| strategy | W | mesh (R, S) | group | measured ring bytes/rank/step | formula "
+           "(issue) | formula, root gathered once | measured / formula' |",
+           "|---|---|---|---|---|---|---|---|"]
+    state = ["| strategy | W | P | sharded state / rank measured | P·(4+4+8)/S | ratio |",
+             "|---|---|---|---|---|---|"]
+    seen = set()
+    for r in runs:
+        if r["kind"] != "fsdp" or r["world"] < 2:
+            continue
+        key = (r["strategy"], r["world"], r["model"])
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = r["plan"]
+        R, S = plan["mesh"]
+        P = plan["total_params"]
+        b = 4
+        units = plan["units"]
+        padded = [u["padded_params"] + u.get("frozen_padded_params", 0) for u in units]
+        steady = [s for s in r["steps"] if s["step"] >= 2]
+        shard_payload = med([s["comm_bytes"]["shard"] for s in steady])
+        rep_payload = med([s["comm_bytes"]["replicate"] for s in steady])
+        strat = r["strategy"]
+        mesh = f"({R}, {S})"
+        if strat == "no_shard":
+            W = R  # NO_SHARD: every rank is a replica; the all-reduce group is the world
+            measured = 2 * rep_payload * (W - 1) / W
+            f_issue = 2 * P * b * (W - 1) / W
+            f_ours = 2 * sum(padded) * b * (W - 1) / W
+            out.append(f"| {strat} | {r['world']} | {mesh} | world (all-reduce) | {measured:,.0f} | "
+                       f"{f_issue:,.0f} | {f_ours:,.0f} | {measured / f_ours:.4f} |")
+        else:
+            gathers = 3 if strat in ("full_shard", "hybrid_shard") else 2
+            # Gradient-norm clipping adds one 8-byte all-reduce; its ring volume is left out.
+            clip_payload = 8
+            measured = (shard_payload - clip_payload) * (S - 1) / S
+            f_issue = gathers * P * b * (S - 1) / S
+            root_once = sum(padded) * gathers - (padded[0] if gathers == 3 else 0)
+            f_ours = root_once * b * (S - 1) / S
+            out.append(f"| {strat} | {r['world']} | {mesh} | shard (all-gather + reduce-scatter) | "
+                       f"{measured:,.0f} | {f_issue:,.0f} | {f_ours:,.0f} | {measured / f_ours:.4f} |")
+            if R > 1:
+                measured = 2 * rep_payload * (R - 1) / R
+                f_issue = 2 * (P / S) * b * (R - 1) / R
+                f_ours = 2 * sum(p // S for p in padded) * b * (R - 1) / R
+                out.append(f"| {strat} | {r['world']} | {mesh} | replicate (all-reduce) | "
+                           f"{measured:,.0f} | {f_issue:,.0f} | {f_ours:,.0f} | {measured / f_ours:.4f} |")
+        sharded = med([s["sharded_state_bytes"] for s in steady])
+        formula = P * 16 / S
+        state.append(f"| {strat} | {r['world']} | {P:,} | {sharded:,.0f} | {formula:,.0f} | "
+                     f"{sharded / formula:.4f} |")
+    return "\n".join(out) + "\n\n" + "\n".join(state) + "\n"
+
+
+def gnuplot(script, png):
+    if not shutil.which("gnuplot"):
+        return False
+    term = ("if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 900,520 "
+            "noenhanced } else { set terminal png size 900,520 noenhanced }\n")
+    subprocess.run(["gnuplot"], input=term + f"set output '{png}'\n" + script, text=True, check=True)
+    return True
+
+
+def charts(res, out_dir):
+    made = []
+    sm = res.get("scaling_model") or []
+    if sm:
+        strategies = sorted({r["strategy"] for r in sm})
+        for metric, ylabel, name in (("median_step_s", "seconds per step (median)", "scaling_time"),
+                                     ("peak_rss", "peak RSS per rank (MiB)", "scaling_rss")):
+            plots = []
+            for s in strategies:
+                dat = os.path.join(out_dir, f"{name}_{s}.dat")
+                with open(dat, "w") as f:
+                    for r in sorted((r for r in sm if r["strategy"] == s), key=lambda r: r["params"]):
+                        y = r["median_step_s"] if metric == "median_step_s" else \
+                            max(st["peak_rss_bytes"] for st in r["steps"]) / 2**20
+                        f.write(f"{r['params'] / 1e6} {y}\n")
+                plots.append(f"'{dat}' using 1:2 with linespoints title '{s}'")
+            png = os.path.join(out_dir, f"{name}.png")
+            if gnuplot(f"set xlabel 'parameters (M)'\nset ylabel '{ylabel}'\nset logscale x\n"
+                       f"set key top left\nset grid\nplot {', '.join(plots)}\n", png):
+                made.append(png)
+            for s in strategies:
+                os.unlink(os.path.join(out_dir, f"{name}_{s}.dat"))
+    sw = res.get("scaling_world") or []
+    if sw:
+        dat = os.path.join(out_dir, "world.dat")
+        with open(dat, "w") as f:
+            for r in sw:
+                f.write(f"{r['world']} {r['median_step_s']}\n")
+        png = os.path.join(out_dir, "scaling_world.png")
+        if gnuplot("set xlabel 'ranks W (FULL_SHARD)'\nset ylabel 'seconds per step (median)'\n"
+                   f"set grid\nset xtics (1, 2, 4, 8)\nplot '{dat}' using 1:2 with linespoints "
+                   "title 'fsdp-train FULL_SHARD'\n", png):
+            made.append(png)
+        os.unlink(dat)
+    mem = res.get("memory") or {}
+    if mem.get("rows"):
+        dat = os.path.join(out_dir, "memory.dat")
+        with open(dat, "w") as f:
+            for i, r in enumerate(mem["rows"]):
+                f.write(f"{i} \"{r['strategy']}\" {(r['params'] or 0) / 1e6}\n")
+        png = os.path.join(out_dir, "memory_headline.png")
+        if gnuplot(f"set ylabel 'largest GPT trained (M parameters)'\nset style fill solid 0.6\n"
+                   f"set boxwidth 0.6\nset yrange [0:*]\nset grid ytics\n"
+                   f"set title 'W = {mem['world']}, {fmt_b(mem['cap_bytes'])} per rank'\n"
+                   f"plot '{dat}' using 1:3:xtic(2) with boxes notitle, '' using 1:3:(sprintf('%.1f M', $3)) "
+                   f"with labels offset 0,1 notitle\n", png):
+            made.append(png)
+        os.unlink(dat)
+    return made
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    res = json.load(open(args.results))
+    out_dir = os.path.join(args.out, "docs", "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    m = res["machine"]
+    md = ["# fsdp.cpp benchmarks", "",
+          "Generated by `make bench` (`/usr/bin/python3 bench/bench.py --build build`; the charts "
+          "and `docs/bench/results.json`, the raw results of this page, come with it). Every "
+          "number below is a median of measured steps on this machine; rerun the command to "
+          "check. No test asserts any of it." + (" **Quick mode: one tiny configuration per "
+                                                 "section, not a measurement.**" if res["quick"] else ""),
+          "",
+          "## Machine", "",
+          f"- CPU: {m['cpu']}, {m['cores']} cores; memory {fmt_b(m['memory_bytes'])}; kernel "
+          f"{m['kernel']}",
+          f"- libtorch {m['libtorch']} (Debian 12 `libtorch-dev`), Python {m['python']} with "
+          "Debian's `python3-torch`; PyTorch 2.6 and our libtorch 2.6 build in the Debian 13 "
+          "chroot (`scripts/libtorch2-chroot.sh`)",
+          f"- {m['date']}; load average {m['load_before']:.2f} before, {m['load_after']:.2f} "
+          f"after; the whole run took {res['seconds'] / 60:.1f} min",
+          "- every rank and every peer process runs one intra-op thread (`OMP_NUM_THREADS=1`, "
+          "`--threads 1`)", ""]
+    if os.path.exists(NOTES) and not res["quick"]:
+        md += [open(NOTES).read().strip(), ""]
+    summary = {}
+    if res.get("peers"):
+        shape = res["peer_shape"]
+        md += ["## Against PyTorch DDP (libtorch / PyTorch 1.13)", "",
+               f"The same byte-level GPT (`--model {shape['model']}`; parameter counts printed "
+               f"by both and equal), global batch {shape['global_batch']} x {shape['seq_len']}, "
+               f"AdamW (betas 0.9/0.95, weight decay 0.01), clipping at 1.0, Gloo. "
+               f"{shape['rounds']} rounds, each running every configuration in turn (the order "
+               f"alternates), {shape['steps']} steps per run, the median of steps 3..{shape['steps']}. "
+               "`vs DDP` is the median over rounds of (ours / DDP in the same round).", ""]
+        table, summary = peer_table(res["peers"], m["cores"], "1.13")
+        md += [table, details("DDP comparison, 1.13", res["peers"]), ""]
+        cmd = next((r["command"] for r in res["peers"] if r["kind"] == "fsdp"), "")
+        md += [f"Example command: `{cmd}`; the peer: `/usr/bin/python3 bench/ddp_peer.py --nproc W "
+               f"--model {shape['model']} --steps {shape['steps']} --global-batch "
+               f"{shape['global_batch']} --seq-len {shape['seq_len']}`.", ""]
+    p26 = res.get("peers_26")
+    md += ["## Against PyTorch DDP (libtorch / PyTorch 2.6)", ""]
+    if isinstance(p26, dict):
+        md += [f"Not run: {p26['skipped']}.", ""]
+    elif p26:
+        table, s26 = peer_table(p26, m["cores"], "2.6")
+        md += [table, details("DDP comparison, 2.6", p26), ""]
+        summary.update({("2.6",) + k: v for k, v in s26.items()})
+    if res.get("fsdp_cpu_probe"):
+        md += ["PyTorch's own FSDP on CPU (PyTorch 2.6, one rank, Gloo; `bench/fsdp_cpu_probe.py`): "
+               "neither API trains, so there is no FSDP peer on CPU:", "", "```",
+               res["fsdp_cpu_probe"], "```", ""]
+    runs = (res.get("peers") or []) + (res.get("scaling_model") or [])
+    if runs:
+        md += ["## Communication and sharded state against the formulas", "",
+               "Bytes each rank sends per optimizer step in a ring algorithm (payload x (n-1)/n "
+               "for all-gather and reduce-scatter, 2 x payload x (n-1)/n for all-reduce), from "
+               "the payload fsdp counts per group (`--metrics` `comm_bytes`, steps 2 and on), "
+               "against the issue's formulas with P parameters of b = 4 bytes. fsdp keeps the root "
+               "unit (embeddings, final norm, head) gathered from forward through backward, so it "
+               "all-gathers the root once, not twice: the last two columns compare with that "
+               "formula (padded sizes). Sharded state: parameter and gradient shards plus AdamW's "
+               "two moments, against P x (4 + 4 + 8) / S.", "", theory_rows(runs)]
+    if res.get("scaling_model"):
+        md += ["## Scaling", "", "Step time and peak RSS per rank against model size "
+               "(`--model tiny, small, medium`, W = 4, global batch 8 x 128):", "",
+               "| model | params | strategy | median s/step | peak RSS / rank |", "|---|---|---|---|---|"]
+        for r in res["scaling_model"]:
+            rss = max(st["peak_rss_bytes"] for st in r["steps"])
+            md.append(f"| {r['model']} | {r['params']:,} | {r['strategy']} | "
+                      f"{fmt_s(r['median_step_s'])} | {fmt_b(rss)} |")
+        md += ["", "![step time vs parameters](docs/bench/scaling_time.png)",
+               "![peak RSS vs parameters](docs/bench/scaling_rss.png)", "",
+               details("scaling with model size", res["scaling_model"]), ""]
+    if res.get("scaling_world"):
+        md += ["Step time against the number of ranks (FULL_SHARD, `--model small`, global batch "
+               "8, one thread per rank; this machine has "
+               f"{m['cores']} cores, so beyond W = {m['cores']} ranks share cores):", "",
+               "| W | median s/step |", "|---|---|"]
+        md += [f"| {r['world']} | {fmt_s(r['median_step_s'])} |" for r in res["scaling_world"]]
+        md += ["", "![step time vs W](docs/bench/scaling_world.png)", "",
+               details("scaling with W", res["scaling_world"]), ""]
+    mem = res.get("memory")
+    if mem:
+        md += ["## The memory headline: the largest model each strategy trains", ""]
+        if mem.get("skipped"):
+            md += [f"Not run: {mem['skipped']}.", ""]
+        else:
+            md += [f"Every rank runs in its own memory cgroup ({mem['cgroup']}, limit "
+                   f"{fmt_b(mem['cap_bytes'])}): the kernel kills a rank that exceeds it, and the "
+                   "run fails. GPTs of width "
+                   f"{mem['d_model']} ({mem['heads']} heads) with more and more blocks "
+                   f"(`fsdp-train --layers N --d-model {mem['d_model']} --heads {mem['heads']}`), "
+                   f"W = {mem['world']} ranks started as a launcher would (one cgroup each), "
+                   f"{mem['steps']} AdamW steps of batch 1 x 32 per rank; the number of blocks "
+                   "doubles until a run dies, then is bisected.", "",
+                   "| strategy | largest that trains | first that dies | parameters trained |",
+                   "|---|---|---|---|"]
+            for r in mem["rows"]:
+                md.append(f"| {r['strategy']} | {r['largest_layers']} blocks | "
+                          f"{r['first_failing_layers'] or 'none tried'} blocks | "
+                          f"{fmt_count(r['params']) if r['params'] else 'none'} |")
+            md += ["", "![largest model per strategy](docs/bench/memory_headline.png)", "",
+                   details("memory cap", mem), ""]
+    md += ["## GPU", "",
+           "Prepared, **not run here** (this machine has no GPU): `scripts/gpu-check.sh` builds "
+           "fsdp against a pip-installed CUDA PyTorch, runs the GPU tests and compares fsdp-train "
+           "with PyTorch FSDP2 (`fully_shard`, `bench/fsdp2_peer.py`) on one GPU. The table "
+           "appears here when it has been run on a GPU machine.", ""]
+    charts(res, out_dir)
+    with open(os.path.join(args.out, "BENCHMARKS.md"), "w") as f:
+        f.write("\n".join(md).rstrip() + "\n")
+
+
+if __name__ == "__main__":
+    main()
