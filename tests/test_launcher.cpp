@@ -487,3 +487,63 @@ TEST(Launcher, TrainRestartResumesWithIdenticalLosses) {
   }
   std::filesystem::remove_all(dir);
 }
+
+// NOTE [rank output] in launcher.cpp: a line every rank writes reaches the user once, naming the
+// ranks; a line that names its rank matches the others' and names them all; lines that differ,
+// and each rank's order, are kept.
+TEST(Launcher, IdenticalLinesOfRanksArriveOnce) {
+  // The real case: a usage error that every rank of fsdp-train finds.
+  const std::string train = tool_dir() + "/fsdp-train";
+  auto r = run({kRun, "--nproc-per-node", "4", train, "--mesh", "3,3", "--model", "tiny"}, {}, 60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_EQ(count(r.output, "device_mesh (3, 3) has 9 ranks"), 1) << r.output;
+  // Ranks that were stopped before they got as far are not listed: 0-3 on an idle machine.
+  const std::regex once("use \\(2, 2\\) or \\(-1, 2\\) \\[ranks [0-3,-]+\\]\n");
+  EXPECT_TRUE(std::regex_search(r.output, once)) << r.output;
+
+  // The ranks start writing together (a barrier of files), as ranks that failed on the same
+  // thing do, but on a loaded machine several seconds apart.
+  TempDir barrier;
+  const std::string script =
+      "touch " + barrier.path() + "/$RANK; "
+      "while [ $(ls " + barrier.path() + " | wc -l) -lt 3 ]; do sleep 0.05; done; "
+      "echo \"same on every rank\" >&2; echo \"rank $RANK: its own number\" >&2; "
+      "echo \"checksum $((RANK * 7 + 1))\" >&2; "
+      "if [ $RANK = 1 ]; then echo 'error: only rank 1' >&2; else echo 'error: common' >&2; fi; "
+      "touch " + barrier.path() + "/done$RANK; "  // all have written before any fails
+      "while [ $(ls " + barrier.path() + " | wc -l) -lt 6 ]; do sleep 0.05; done; "
+      "exit 3";
+  r = run({kRun, "--nproc-per-node", "3", "sh", "-c", script}, {}, 60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 3) << r.output;
+  EXPECT_EQ(count(r.output, "same on every rank"), 1) << r.output;
+  EXPECT_NE(r.output.find("same on every rank [ranks 0-2]\n"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "its own number"), 1) << r.output;
+  EXPECT_NE(r.output.find("ranks 0-2: its own number\n"), std::string::npos) << r.output;
+  for (const char* differs : {"checksum 1\n", "checksum 8\n", "checksum 15\n"}) {
+    EXPECT_EQ(count(r.output, differs), 1) << r.output;
+  }
+  EXPECT_NE(r.output.find("error: only rank 1\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: common [ranks 0,2]\n"), std::string::npos) << r.output;
+  // Each rank's lines in the order it wrote them; the supervisor's report comes last.
+  EXPECT_LT(r.output.find("same on every rank"), r.output.find("its own number")) << r.output;
+  EXPECT_LT(r.output.find("its own number"), r.output.find("checksum 15")) << r.output;
+  EXPECT_LT(r.output.find("checksum 8"), r.output.find("error: only rank 1")) << r.output;
+  EXPECT_GT(r.output.find("fsdp-run: rank "), r.output.find("error: common")) << r.output;
+}
+
+TEST(Launcher, RanksStillSeeATerminal) {
+  // Under a terminal (script(1) gives fsdp-run one), each rank's stderr is a pseudo-terminal, so
+  // fsdp-train still draws its progress bar ("\r" redraws, forwarded at once, not held).
+  const std::string train = tool_dir() + "/fsdp-train";
+  const std::string cmd = kRun + " --nproc-per-node 2 sh -c '[ -t 2 ] && echo \"stderr is a "
+                          "terminal\" >&2' && " + train + " --devices 2 --model tiny --steps 3 "
+                          ">/dev/null";
+  auto r = run({"/usr/bin/script", "-qec", cmd, "/dev/null"}, {}, 120s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("stderr is a terminal [ranks 0,1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\r[########################] step 3/3"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "step 3/3"), 1) << r.output;  // rank 0's bar only
+}

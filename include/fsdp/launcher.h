@@ -8,7 +8,10 @@
 // a frozen (stopped) rank, then one killed by a signal, then one that aborted, then one that
 // exited non-zero). With max_restarts > 0 it then starts every rank again, up to that many times,
 // exporting TORCHELASTIC_RESTART_COUNT like torchrun. SIGINT/SIGTERM to the supervisor stop every
-// rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans.
+// rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
+// stderr passes through the supervisor (a pseudo-terminal when the supervisor's stderr is one), so
+// that a line every rank writes, such as an error they all found, is shown once, naming the ranks
+// (NOTE [rank output] in launcher.cpp).
 // No libtorch here: the supervisor never initialises it.
 #pragma once
 
