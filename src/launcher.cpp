@@ -56,10 +56,17 @@ int64_t default_threads_per_rank(int64_t local_ranks) {
 namespace {
 
 // Binds a TCP socket on all interfaces to `port` (0: any free one) and returns the bound port,
-// or -errno.
+// or -errno. A given port is probed with SO_REUSEADDR, like the store's own listening socket
+// (runtime.cpp): connections of a previous job left in TIME_WAIT do not stop the store from
+// binding, so they must not fail the probe either, while a socket *listening* on the port still
+// gives EADDRINUSE. Port 0 is picked without it, so the kernel hands out a port nothing holds.
 int try_bind(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
+  if (port != 0) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);

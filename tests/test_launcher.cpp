@@ -8,12 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
+#include "fsdp/error.h"
+#include "fsdp/launcher.h"
 #include "testing.h"
 
 using namespace fsdp::testing;
@@ -272,6 +276,88 @@ TEST(Launcher, PortInUse) {
   EXPECT_NE(results[0].output.find("port " + port + " is already in use"), std::string::npos)
       << results[0].output;
   ::close(fd);
+}
+
+namespace {
+
+// Whether /proc/net/tcp has a socket on local `port` in TIME_WAIT (state 06).
+bool time_wait_on(int port) {
+  char local_port[8];
+  std::snprintf(local_port, sizeof(local_port), ":%04X", port);
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (local.size() > 5 && local.compare(local.size() - 5, 5, local_port) == 0 && state == "06") {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(Launcher, PortInTimeWaitIsNotInUse) {
+  // What a finished job leaves behind: its store (listening with SO_REUSEADDR, as ours does)
+  // closed a connection first, so the port holds a TIME_WAIT socket for ~60 s and nothing listens.
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  int served = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(served, 0);
+  ::close(served);  // the store's side closes first: its port goes to TIME_WAIT
+  char byte;
+  ASSERT_EQ(::recv(client, &byte, 1, 0), 0);
+  ::close(client);
+  ::close(listener);
+  for (int i = 0; i < 100 && !time_wait_on(port); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(time_wait_on(port)) << "no TIME_WAIT socket on port " << port;
+  // The situation is the one users hit: a plain bind, as the probe used to do, is refused.
+  int plain = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in any = a;
+  any.sin_addr.s_addr = htonl(INADDR_ANY);
+  EXPECT_NE(::bind(plain, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  ::close(plain);
+
+  fsdp::LaunchOptions opts;
+  opts.nproc_per_node = 2;
+  opts.master_port = port;
+  EXPECT_NO_THROW(fsdp::validate(opts));
+  // And the job runs on it: the store binds with SO_REUSEADDR too.
+  auto r = run({kRun, "--nproc-per-node", "2", "--master-port", std::to_string(port), kWorker,
+                "allreduce"});
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("ok rank 1/2"), std::string::npos) << r.output;
+
+  // A live listener on the port, even one with SO_REUSEADDR, is still a conflict.
+  listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  try {
+    fsdp::validate(opts);
+    ADD_FAILURE() << "validate accepted port " << port << ", which has a listener";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--master-port " + std::to_string(port) +
+                                         " is already in use"),
+              std::string::npos)
+        << e.what();
+  }
+  ::close(listener);
 }
 
 TEST(Launcher, UnreachableMasterTimesOutNamingTheAddress) {
