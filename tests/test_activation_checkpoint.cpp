@@ -246,14 +246,16 @@ std::shared_ptr<torch::nn::Module> make_model(Model m, uint64_t seed, double dro
 }
 
 // A sharded model of any of the kinds, called on tokens.
+// `base` is a shared_ptr made from the derived type, so it destroys a ShardedModule<M> (and
+// releases its model): FullyShardedModule's destructor is not virtual.
 struct Sharded {
-  std::unique_ptr<FullyShardedModule> base;
+  std::shared_ptr<FullyShardedModule> base;
   std::function<torch::Tensor(const torch::Tensor&)> call;
 };
 
 template <class M>
 Sharded shard_as(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& s, Runtime& rt) {
-  auto typed = std::make_unique<ShardedModule<M>>(std::dynamic_pointer_cast<M>(module), s, borrow(rt));
+  auto typed = std::make_shared<ShardedModule<M>>(std::dynamic_pointer_cast<M>(module), s, borrow(rt));
   auto* raw = typed.get();
   return {std::move(typed), [raw](const torch::Tensor& t) { return raw->forward(t); }};
 }

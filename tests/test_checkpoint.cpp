@@ -601,9 +601,10 @@ TEST_F(FullCheckpoint, BadFilesFailOnEveryRank) {
            {"junk.pt", "is not a readable PyTorch file"},
            {"missing.pt", "cannot be read"},
            {"model.bin", "must end in .pt"}}) {
+    const fs::path path = tmp_ / file;  // C++17 lambdas cannot capture bindings
     expect_every_rank_fails(2, [&](Runtime& rt) {
       auto model = shard(make_net(), strategy(ShardingStrategy::kFullShard, {2}), borrow(rt));
-      import_full_checkpoint(model, tmp_ / file);
+      import_full_checkpoint(model, path);
     }, expected);
   }
 }
