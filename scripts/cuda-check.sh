@@ -25,10 +25,13 @@ ROOT=${CUDA_CHROOT_ROOT:-/opt/cuda-chroot}
 BUILD=${CUDA_BUILD:-build-cuda}
 JOBS=${CUDA_CHECK_JOBS:-2}
 # libgloo-cuda-dev: Debian's CUDA libtorch links the CUDA build of Gloo, which conflicts with
-# libgloo-dev. python3-torch-cuda: the tests read our checkpoints back with torch.load.
+# libgloo-dev. python3-torch-cuda: the tests read our checkpoints back with torch.load, and
+# real_torchrun uses its torchrun. iproute2, nftables: two_hosts_netns; openmpi-bin: real_mpirun.
+# Not SLURM: real_slurm skips here, saying so.
 PKGS="libtorch-cuda-dev libnccl-dev nvidia-cuda-toolkit nvidia-cuda-dev libgloo-cuda-dev \
       python3-torch-cuda libopenblas0-pthread cmake make ninja-build g++ libgtest-dev libgmock-dev \
-      nlohmann-json3-dev libcli11-dev zlib1g-dev gnuplot-nox iproute2 procps ca-certificates"
+      nlohmann-json3-dev libcli11-dev zlib1g-dev gnuplot-nox iproute2 nftables openmpi-bin procps \
+      ca-certificates"
 
 in_chroot() { (chroot_run "$ROOT" "$@"); }
 
@@ -93,11 +96,11 @@ case "${1:-all}" in
   test) timed run_tests ;;
   all)
     timed setup
-    timed build
-    timed run_tests
     # Not the repository, which `run` bind-mounts inside.
     echo "cuda-check: chroot $ROOT uses $(du -sh --one-file-system --exclude="$ROOT$(pwd -P)" \
       "$ROOT" | cut -f1)"
+    timed build
+    timed run_tests
     ;;
   run) shift; chroot_run "$ROOT" "$@" ;;
   *) sed -n '2,19p' "$0"; exit 2 ;;

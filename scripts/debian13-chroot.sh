@@ -21,6 +21,9 @@ debian_mirror() {
 
 chroot_mounts() {
   local root=$1 d
+  # The root a mount point of its own: `ip netns exec` (the two-hosts test) remounts / as a
+  # slave, which fails on a directory that is not one.
+  mountpoint -q "$root" || mount --rbind "$root" "$root"  # with what is mounted inside
   for d in proc sys dev dev/pts; do
     mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
   done

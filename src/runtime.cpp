@@ -335,10 +335,6 @@ struct RuntimeFactory {
     auto choice = detail::choose_backend(options.backend, kCudaBuilt, gpus);
     impl->backend = choice.backend;
     impl->backend_reason = std::move(choice.reason);
-    if (options.backend == Backend::kAuto && kCudaBuilt && impl->backend == Backend::kGloo &&
-        env.rank == 0) {
-      TORCH_WARN_ONCE(impl->backend_reason);  // a GPU build that runs on CPU: say so, once
-    }
     if (impl->backend == Backend::kNccl) {
       detail::check_one_gpu_per_rank(env.local_rank, env.local_world_size, gpus);
       const auto index = static_cast<c10::DeviceIndex>(env.local_rank);

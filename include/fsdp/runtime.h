@@ -58,8 +58,8 @@ class Runtime {
   int64_t world_size() const;
   Backend backend() const;           // resolved: never kAuto
   // Why backend() is what it is, e.g. "auto picked gloo: this libtorch has CUDA but sees no GPU
-  // (CUDA_VISIBLE_DEVICES='')". Rank 0 also warns with it where auto falls back to gloo on a
-  // CUDA build of libtorch.
+  // (CUDA_VISIBLE_DEVICES='')". The library prints nothing: a tool shows it where it reports
+  // its setup.
   const std::string& backend_reason() const;
   c10::Device device() const;        // cpu, or cuda:<local rank> with NCCL
   const RuntimeOptions& options() const;
