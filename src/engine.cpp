@@ -125,6 +125,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root, FSDPStrategy strategy,
 void Engine::build() {
   FSDP_CHECK(root_, "fsdp::shard: the module is null");
   const auto& env = runtime_->env();
+  streams_ = DeviceStreams(runtime_->device());
   // 1. Everything that can be wrong is checked before the first collective, identically on
   //    every rank (plan_sharding and plan_units are pure), and the ranks compare their settings
   //    through the store so a mismatch is an error instead of a hang.
@@ -402,14 +403,17 @@ void Engine::free_storage(at::Tensor& t) {
 void Engine::unshard(UnitState& u) {
   if (u.frozen) unshard(*u.frozen);
   if (u.phase != Phase::kSharded || u.padded == 0) return;
-  alloc_storage(u.full);
-  at::Tensor src = u.shard.detach();
-  if (param_dtype_ != c10::kFloat) src = src.to(param_dtype_);
-  if (S_ == 1) {
-    u.full.copy_(src);
+  if (S_ == 1) {  // mixed precision without sharding: a cast, on the compute stream
+    alloc_storage(u.full);
+    u.full.copy_(u.shard.detach());
     u.phase = Phase::kUnsharded;
     return;
   }
+  // NOTE [CUDA streams]: buffer, cast and all-gather on the gather stream (CPU: no streams).
+  auto on_gather_stream = streams_.gather_scope();
+  alloc_storage(u.full);
+  at::Tensor src = u.shard.detach();
+  if (param_dtype_ != c10::kFloat) src = src.to(param_dtype_);
   u.gather_src = src;
   u.gather = shard_group_->all_gather(u.full, src);
   u.phase = Phase::kGathering;
@@ -423,7 +427,8 @@ void Engine::wait_unshard(UnitState& u) {
   // Settled even if the gather failed (the buffer then holds garbage): a failed Work rethrows on
   // every wait, so waiting on it again from cleanup code would throw a second time.
   u.phase = Phase::kUnsharded;
-  gather->wait();
+  gather->wait();  // on CUDA: the current stream waits, the host does not
+  streams_.used_on_current_stream(u.full);
 }
 
 // Frees one flat (a unit's frozen flat is freed by its own call).

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "device_streams.h"
 #include "fsdp/sharded.h"
 
 namespace fsdp::detail {
@@ -190,6 +191,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool sync_ = true;
   int summoned_ = 0;
   MemoryTracker tracker_;
+  DeviceStreams streams_{c10::Device(c10::kCPU)};  // NOTE [CUDA streams]
   struct SequentialSwap {
     torch::nn::SequentialImpl* seq;
     size_t index;
