@@ -197,8 +197,12 @@ void Engine::build() {
     units_.push_back(std::move(f));
   }
   select_checkpointed_units(by_path);
-  // 4. Flatten, optionally broadcast rank 0's values, shard.
+  // 4. Flatten, optionally broadcast rank 0's values, shard. Buffers (norm statistics...) move to
+  //    the runtime's device like the parameters (NCCL broadcasts only device tensors).
   for (auto& u : units_) flatten_and_shard(*u, strategy_.sync_module_states());
+  for (auto& b : root_->named_buffers()) {
+    if (b.value().device() != runtime_->device()) b.value().set_data(b.value().to(runtime_->device()));
+  }
   if (strategy_.sync_module_states() && runtime_->world_size() > 1) {
     for (auto& b : root_->named_buffers()) {
       at::Tensor buf = b.value();
