@@ -569,6 +569,19 @@ TEST(Engine, PolicyNamingAnUninterceptableModuleIsAnError) {
   }
 }
 
+// A ShardedModule<M> owned through its base releases M (the destructor is virtual).
+TEST(Engine, DeletingThroughTheBaseReleasesTheModel) {
+  run_ranks(1, [&](Runtime& rt) {
+    auto net = std::make_shared<NetImpl>();
+    std::weak_ptr<NetImpl> weak = net;
+    std::unique_ptr<FullyShardedModule> model = std::make_unique<ShardedModule<NetImpl>>(
+        shard(std::move(net), FSDPStrategy(), std::shared_ptr<Runtime>(&rt, [](Runtime*) {})));
+    EXPECT_FALSE(weak.expired());
+    model.reset();
+    EXPECT_TRUE(weak.expired()) << "the model outlived its sharded module";
+  });
+}
+
 TEST(Engine, CallingTheInnerModuleDirectlyIsAnError) {
   run_ranks(2, [&](Runtime& rt) {
     auto net = std::make_shared<NetImpl>();

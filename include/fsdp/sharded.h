@@ -258,6 +258,13 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 // The engine shared by every ShardedModule<M>; see shard().
 class FullyShardedModule {
  public:
+  // Virtual: a ShardedModule<M> held through a FullyShardedModule pointer releases its M too.
+  virtual ~FullyShardedModule() = default;
+  FullyShardedModule(const FullyShardedModule&) = default;
+  FullyShardedModule(FullyShardedModule&&) = default;
+  FullyShardedModule& operator=(const FullyShardedModule&) = default;
+  FullyShardedModule& operator=(FullyShardedModule&&) = default;
+
   // This rank's trainable parameter shards, one flat fp32 tensor per unit that has trainable
   // parameters: give these to the optimizer. Frozen parameters (NOTE [frozen parameters]) are
   // not among them. (fsdp::shard() refuses a model with no trainable parameter.)
