@@ -196,7 +196,10 @@ def peers_26(r, results, quick):
                     'cmake -S "$2" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && '
                     'cmake --build "$1" --target fsdp-train >/dev/null', "_", build26, ROOT],
                    check=True)
-    r26 = Runner(build26, r.work, quick)
+    # The chroot sees the repository (bind-mounted) but not this machine's /tmp.
+    work26 = os.path.join(build26, "bench-work")
+    os.makedirs(work26, exist_ok=True)
+    r26 = Runner(build26, work26, quick)
     prefix = [CHROOT_SCRIPT, "run"]
     model, batch, seq, steps, rounds = "small", 16, 128, 12, 2
     rows = []
@@ -386,22 +389,22 @@ def main():
     sections = args.sections.split(",")
     results = {"machine": machine(), "quick": args.quick}
     started = time.time()
-    with tempfile.TemporaryDirectory() as work:
-        r = Runner(build, work, args.quick)
-        if "peers" in sections:
-            peers(r, results, args.quick)
-        if "peers26" in sections:
-            peers_26(r, results, args.quick)
-        if "scaling" in sections:
-            scaling(r, results, args.quick)
-        if "memory" in sections:
-            memory_headline(r, results, args.quick)
-    results["seconds"] = time.time() - started
-    results["machine"]["load_after"] = os.getloadavg()[0]
     out_dir = os.path.join(args.out, "docs", "bench")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+
+    def save():  # after every section: a failure later keeps what was measured
+        results["seconds"] = time.time() - started
+        results["machine"]["load_after"] = os.getloadavg()[0]
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+    with tempfile.TemporaryDirectory() as work:
+        r = Runner(build, work, args.quick)
+        for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
+                         ("memory", memory_headline)):
+            if name in sections:
+                fn(r, results, args.quick)
+                save()
     subprocess.run([PY, os.path.join(HERE, "bench_report.py"), os.path.join(out_dir, "results.json"),
                     "--out", args.out], check=True)
     log(f"done in {results['seconds']:.0f} s: {os.path.join(args.out, 'BENCHMARKS.md')}")
