@@ -455,7 +455,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
           static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
           p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());
-      for (const auto& w : p.sharding.warnings) std::printf("fsdp-train: warning: %s\n", w.c_str());
+      // The plan's warnings (e.g. groups spanning nodes): fsdp::shard printed them on rank 0.
       std::fflush(stdout);
     }
     std::ofstream metrics;
