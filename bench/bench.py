@@ -83,8 +83,8 @@ class Runner:
         args = self.train_args(model, steps, batch, seq,
                                ["--devices", str(world), "--strategy", strategy] + mesh +
                                list(extra))
-        plan = json.loads(subprocess.run(args + ["--dry-run", "--json"], env=self.env, check=True,
-                                         capture_output=True, text=True).stdout)
+        plan = json.loads(subprocess.run(list(prefix) + args + ["--dry-run", "--json"], env=self.env,
+                                         check=True, capture_output=True, text=True).stdout)
         t0 = time.time()
         p = subprocess.run(list(prefix) + args + ["--metrics", metrics], env=self.env,
                            capture_output=True, text=True, timeout=900)
@@ -227,7 +227,7 @@ def scaling(r, results, quick):
     models = ["tiny"] if quick else ["tiny", "small", "medium"]
     strategies = ["full_shard"] if quick else ["no_shard", "shard_grad_op", "full_shard",
                                                "hybrid_shard"]
-    w, batch, seq, steps = (2, 4, 32, 3) if quick else (4, 8, 128, 6)
+    w, batch, seq, steps = (2, 4, 32, 3) if quick else (4, 8, 64, 6)  # tiny: context 64
     rows = []
     for m in models:
         for s in strategies:
@@ -384,6 +384,8 @@ def main():
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
     ap.add_argument("--sections", default="peers,peers26,scaling,memory")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     sections = args.sections.split(",")
@@ -391,6 +393,11 @@ def main():
     started = time.time()
     out_dir = os.path.join(args.out, "docs", "bench")
     os.makedirs(out_dir, exist_ok=True)
+    if args.merge and os.path.exists(os.path.join(out_dir, "results.json")):
+        earlier = json.load(open(os.path.join(out_dir, "results.json")))
+        results = dict(earlier, machine=dict(earlier["machine"], **{
+            k: v for k, v in results["machine"].items() if k not in ("load_before", "date")}))
+        started -= earlier.get("seconds", 0)
 
     def save():  # after every section: a failure later keeps what was measured
         results["seconds"] = time.time() - started

@@ -274,7 +274,7 @@ def main():
                "two moments, against P x (4 + 4 + 8) / S.", "", theory_rows(runs)]
     if res.get("scaling_model"):
         md += ["## Scaling", "", "Step time and peak RSS per rank against model size "
-               "(`--model tiny, small, medium`, W = 4, global batch 8 x 128):", "",
+               "(`--model tiny, small, medium`, W = 4, global batch 8 x 64):", "",
                "| model | params | strategy | median s/step | peak RSS / rank |", "|---|---|---|---|---|"]
         for r in res["scaling_model"]:
             rss = max(st["peak_rss_bytes"] for st in r["steps"])
