@@ -335,27 +335,6 @@ TEST(Train, FreezeKeepsThoseParametersOutOfTraining) {
   EXPECT_NE(last[true]["loss"].get<double>(), last[false]["loss"].get<double>());
 }
 
-// Under torchrun, srun or mpirun a bad flag is the same on every rank: rank 0 says it once, the
-// others exit 2 without repeating it. A rank-specific problem (flags against the launcher's
-// variables) is still told by the rank that has it.
-TEST(Train, UnderALauncherABadFlagIsToldOnceByRankZero) {
-  const std::string port = std::to_string(free_port());
-  auto env_of = [&](int rank) {
-    return std::map<std::string, std::string>{
-        {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},    {"LOCAL_RANK", std::to_string(rank)},
-        {"LOCAL_WORLD_SIZE", "2"},       {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
-  };
-  auto r0 = run({kTrain, "--steps", "0"}, env_of(0), 30s);
-  auto r1 = run({kTrain, "--steps", "0"}, env_of(1), 30s);
-  EXPECT_EQ(r0.exit_code(), 2) << r0.output;
-  EXPECT_EQ(r0.output.rfind("fsdp-train: error: --steps 0", 0), 0u) << r0.output;
-  EXPECT_EQ(r1.exit_code(), 2) << r1.output;
-  EXPECT_EQ(r1.output, "") << "rank 1 repeated rank 0's line";
-  auto c1 = run({kTrain, "--devices", "3"}, env_of(1), 30s);
-  EXPECT_EQ(c1.exit_code(), 2) << c1.output;
-  EXPECT_NE(c1.output.find("--devices 3 contradicts"), std::string::npos) << c1.output;
-}
-
 TEST(Train, HelpListsEveryFlagWithItsDefault) {
   auto r = run({kTrain, "--help"}, {}, 30s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;

@@ -78,15 +78,7 @@ int main(int argc, char** argv) {
       if (app.count("--max-restarts")) given.max_restarts = launch.max_restarts;
       fsdp::check_matches_environment(given, env);
       env = fsdp::apply_master_flags(given, env);  // e.g. --master-port under srun
-      try {
-        plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
-        fsdp_train::check_freeze(o.freeze, plan.preset);
-      } catch (const std::exception& e) {
-        // A bad flag is the same on every rank (same flags, same world): under torchrun, srun or
-        // mpirun rank 0 says so once; the others exit with the same status, silently.
-        if (env.rank != 0) return 2;
-        throw;
-      }
+      plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
     } else {
       if (o.dry_run && launch.num_nodes > 1) {
         // A dry run starts nothing, so a multi-node plan needs no --master-port: check the
@@ -104,7 +96,7 @@ int main(int argc, char** argv) {
       plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
                                        launch.nproc_per_node);
     }
-    if (!is_rank) fsdp_train::check_freeze(o.freeze, plan.preset);
+    fsdp_train::check_freeze(o.freeze, plan.preset);
   } catch (const std::exception& e) {
     return fail(2, fsdp::error_message(e));
   }

@@ -286,7 +286,8 @@ std::string printable(std::string s) {
 }
 
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
-                   const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt) {
+                   const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt,
+                   const std::string& backend) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
                 static_cast<long long>(o.steps));
@@ -318,6 +319,7 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   std::snprintf(buf, sizeof(buf), "%.4f (step 1: %.4f; mean over the global batch)",
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
+  row("backend", backend);
   row("parameters",
       report.trainable_params < report.total_params
           ? cat(fsdp::format_count(double(report.trainable_params)), " trainable of ",
@@ -402,6 +404,7 @@ int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
 int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::vector<StepRecord> records;
   CheckpointLog ckpt;
+  std::string backend;  // the collective backend, and why (e.g. auto picked gloo: no GPU)
   std::string sample;
   fsdp::TopologyReport report;
   int64_t n_params = 0, n_trainable = 0;
@@ -412,6 +415,8 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
     ro.threads = o.launch.threads;
     auto runtime = fsdp::Runtime::init(ro);
+    backend = runtime->backend_reason().empty() ? fsdp::to_string(runtime->backend())
+                                                : runtime->backend_reason();
     const int64_t rank = runtime->rank(), W = runtime->world_size();
     FSDP_CHECK(W == p.world_size, "the job has ", W, " ranks but the flags were checked for ",
                p.world_size, "; this is a bug in fsdp-train");
@@ -602,7 +607,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   }  // every rank leaves the job here (Runtime's destructor waits for the others)
 
   if (!lead) return 0;
-  print_summary(o, p, records, report, seconds_since(start), ckpt);
+  print_summary(o, p, records, report, seconds_since(start), ckpt, backend);
   if (o.sample > 0) {
     std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
                 static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),
