@@ -35,7 +35,7 @@ sanitize: setup
 	cmake --build $(SANITIZE_BUILD)
 	cd $(SANITIZE_BUILD) && \
 	  CC=clang CXX=clang++ CXXFLAGS="$(SAN_FLAGS)" LDFLAGS="$(SAN_FLAGS)" \
-	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  FSDP_TEST_TIME_SCALE=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=suppressions=$(SAN_DIR)/ubsan.supp:print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(CTEST_JOBS) -E '^real_torchrun$$'

@@ -177,7 +177,8 @@ void write_line(const std::string& line) { write_text(line + "\n"); }
 // NOTE [rank output]: when a job fails, every rank usually prints the same error line, and a
 // user of 8 ranks would read it 8 times. The supervisor therefore carries each rank's stderr (a
 // pipe, or a pseudo-terminal when its own stderr is a terminal, so that a rank still sees one
-// and draws its progress bar) and forwards it line by line: a complete line waits up to kHold for
+// and draws its progress bar) and forwards it line by line: a complete line waits up to `hold` (LaunchOptions::output_hold, 1 s
+// by default) for
 // the same line from the other ranks of this node, and identical lines leave as one that names
 // the ranks ("... [ranks 0-3]"). A line that names its own rank ("rank 2: lost rank 3") matches
 // the same line of another rank naming that one, and leaves as "ranks 1-2: lost rank 3". Lines
@@ -186,9 +187,8 @@ void write_line(const std::string& line) { write_text(line + "\n"); }
 // Standard output is not touched.
 class RankOutput {
  public:
-  static constexpr std::chrono::milliseconds kHold{1000};
-
-  explicit RankOutput(const std::vector<int64_t>& ranks) : tty_(::isatty(2) == 1) {
+  RankOutput(const std::vector<int64_t>& ranks, std::chrono::milliseconds hold)
+      : hold_(hold), tty_(::isatty(2) == 1) {
     streams_.resize(ranks.size());
     for (size_t i = 0; i < ranks.size(); ++i) {
       Stream& s = streams_[i];
@@ -362,7 +362,7 @@ class RankOutput {
     s.partial.erase(0, begin);
     if (begin > 0) s.partial_since = std::chrono::steady_clock::now();
     const bool urgent = s.partial.find('\r') != std::string::npos || s.mid_line ||
-                        std::chrono::steady_clock::now() - s.partial_since >= kHold;
+                        std::chrono::steady_clock::now() - s.partial_since >= hold_;
     if (!s.partial.empty() && urgent) {
       release_through(i);  // the rank's earlier lines first
       write_text(s.partial);
@@ -393,7 +393,7 @@ class RankOutput {
       return std::find(l.ranks.begin(), l.ranks.end(), r) != l.ranks.end();
     };
     const int64_t me = static_cast<int64_t>(i);
-    for (size_t k = pending_.size(); k-- > 0;) {
+    for (size_t k = hold_.count() > 0 ? pending_.size() : 0; k-- > 0;) {  // hold 0: never merged
       if (pending_[k].key != key || has(pending_[k], me)) continue;
       bool mine_later = false, theirs_later = false;
       for (size_t later = k + 1; later < pending_.size(); ++later) {
@@ -421,7 +421,7 @@ class RankOutput {
     pending_.push_back(std::move(line));
   }
 
-  // A line is due when every rank of this node wrote it (or can write nothing more), or kHold
+  // A line is due when every rank of this node wrote it (or can write nothing more), or `hold`
   // passed; lines leave in the order they first arrived.
   void release(bool all) {
     const auto now = std::chrono::steady_clock::now();
@@ -432,7 +432,7 @@ class RankOutput {
         complete = streams_[i].closed ||
                    std::find(line.ranks.begin(), line.ranks.end(), i) != line.ranks.end();
       }
-      if (!all && !complete && now - line.first < kHold) return;
+      if (!all && !complete && now - line.first < hold_) return;
       write_text(render(line) + "\n");
       pending_.pop_front();
     }
@@ -475,6 +475,7 @@ class RankOutput {
     return text;
   }
 
+  std::chrono::milliseconds hold_;
   bool tty_;
   std::vector<Stream> streams_;
   std::deque<Line> pending_;
@@ -548,7 +549,7 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
   for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
     ranks.push_back(opts.node_rank * opts.nproc_per_node + local);
   }
-  RankOutput output(ranks);  // NOTE [rank output]
+  RankOutput output(ranks, opts.output_hold);  // NOTE [rank output]
   for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
     Child& c = children[local];
     c.local_rank = local;

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -202,6 +203,18 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+double time_scale() {
+  const char* text = std::getenv("FSDP_TEST_TIME_SCALE");
+  if (text == nullptr || *text == '\0') return 1.0;
+  char* end = nullptr;
+  const double scale = std::strtod(text, &end);
+  if (*end != '\0' || !(scale >= 1.0 && scale <= 100.0)) {
+    throw std::runtime_error(std::string("FSDP_TEST_TIME_SCALE=") + text +
+                             " is invalid; use a number from 1 to 100");
+  }
+  return scale;
 }
 
 std::string binary_dir() { return FSDP_TEST_BINARY_DIR; }

@@ -76,6 +76,11 @@ class TempDir {
 // A TCP port nobody listens on right now.
 int free_port();
 
+// How much slower than a plain build this one runs (FSDP_TEST_TIME_SCALE, default 1; `make
+// sanitize` sets 3): tests that bound a duration multiply the timeouts they set and the bounds they
+// check by it, so that what they compare (one timeout, not two) stays the same at sanitizer speed.
+double time_scale();
+
 // Directory of the test binaries (where fsdp_test_worker lives) and of the built tools.
 std::string binary_dir();
 std::string tool_dir();

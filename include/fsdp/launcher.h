@@ -40,6 +40,10 @@ struct LaunchOptions {
   int64_t threads = 0;
   // Time between SIGTERM and SIGKILL when stopping ranks.
   std::chrono::milliseconds grace{3000};
+  // How long a line one rank wrote to stderr waits for the same line from the other ranks of this
+  // node, so that it is shown once ("... [ranks 0-3]"; NOTE [rank output] in launcher.cpp). Lines
+  // of different ranks leave in the order they arrived either way. 0 forwards every line at once.
+  std::chrono::milliseconds output_hold{1000};
   // When a rank fails, stop every rank and start them all again, up to this many times
   // (--max-restarts, like torchrun's). Each attempt's ranks see TORCHELASTIC_RESTART_COUNT (0 for
   // the first) and TORCHELASTIC_MAX_RESTARTS. Interrupts (Ctrl-C) are never restarted. Default 0.

@@ -5,6 +5,7 @@
 # (crash-<sha1>) and fails the run: turn it into a regression test (README "Testing").
 # usage: run_fuzz.sh BUILD_DIR [SECONDS_PER_TARGET] [EXTRA libFuzzer FLAGS...]
 #   e.g. run_fuzz.sh build-fuzz 0 -runs=1000000     (a fixed number of executions instead)
+#   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all three)
 set -uo pipefail
 build=$1
 seconds=${2:-20}
@@ -18,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
-for target in fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options; do
+for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options}; do
   bin=$build/tests/fuzz/$target
   [ -x "$bin" ] || { echo "run_fuzz: $bin is not built"; exit 1; }
   mkdir -p "$work/$target"

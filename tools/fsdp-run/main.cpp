@@ -8,16 +8,33 @@
 // starts instantly.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
+
+namespace {
+
+// A duration flag in seconds: finite, 0 .. 1 day (what fits in milliseconds without surprise).
+std::optional<std::chrono::milliseconds> seconds_flag(const char* flag, double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 86400) {
+    std::cerr << "fsdp-run: error: " << flag << " " << seconds
+              << " is invalid; use 0 .. 86400 seconds\n";
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   fsdp::LaunchOptions opts;
   opts.name = "fsdp-run";
   opts.devices_flag = "--nproc-per-node";
   double grace_s = 3.0;
+  double hold_s = 1.0;
 
   opts.num_nodes_flag = "--nnodes";
   // CLI11 prints its own "Usage:" line; the description shows where the program goes.
@@ -46,6 +63,10 @@ int main(int argc, char** argv) {
   app.add_option("--grace-period", grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
+  app.add_option("--output-hold", hold_s,
+                 "seconds a line one rank wrote to stderr waits for the same line from the other "
+                 "ranks, to be shown once as '... [ranks 0-3]'; 0 = forward every line at once")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -61,11 +82,11 @@ int main(int argc, char** argv) {
                  "[args...]\n";
     return 2;
   }
-  if (grace_s < 0) {
-    std::cerr << "fsdp-run: error: --grace-period " << grace_s << " is negative; use 0 or more\n";
-    return 2;
-  }
-  opts.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  const auto grace = seconds_flag("--grace-period", grace_s);
+  const auto hold = seconds_flag("--output-hold", hold_s);
+  if (!grace || !hold) return 2;
+  opts.grace = *grace;
+  opts.output_hold = *hold;
   try {
     return fsdp::supervise(opts, program);
   } catch (const fsdp::Error& e) {
