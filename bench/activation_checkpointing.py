@@ -7,6 +7,7 @@ first forward's output check), and the machine's load average.
 
     bench/activation_checkpointing.py --build build                 # medium GPT, 3 rounds
     bench/activation_checkpointing.py --build build --rounds 1 --model tiny --seq-len 64
+    bench/activation_checkpointing.py --build build --global-batch 16 --heap unchanged
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576 bench/activation_checkpointing.py ...
 
 CPU time is the figure to compare on a shared machine: wall time moves with other jobs' load.
@@ -80,10 +81,11 @@ def main():
     ap.add_argument("--seq-len", default="512")
     ap.add_argument("--global-batch", default="8")
     ap.add_argument("--steps", default="4")
+    ap.add_argument("--heap", default="retain", help="fsdp-train --heap: retain | unchanged")
     a = ap.parse_args()
     base = [os.path.join(a.build, "fsdp-train"), "--devices", a.devices, "--strategy", "full_shard",
             "--model", a.model, "--seq-len", a.seq_len, "--global-batch", a.global_batch,
-            "--steps", a.steps, "--quiet"]
+            "--steps", a.steps, "--heap", a.heap, "--quiet"]
     print(f"{' '.join(base)} [--activation-checkpointing]; "
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
           f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', '')!r}")

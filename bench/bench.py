@@ -300,7 +300,10 @@ def fits(r, cap, strategy, layers, d_model, heads, world, steps):
         port = sock.getsockname()[1]
     args = r.train_args("medium", steps, world, 32,
                         ["--strategy", strategy, "--layers", str(layers), "--d-model", str(d_model),
-                         "--heads", str(heads), "--timeout", "60"] +
+                         "--heads", str(heads), "--timeout", "60",
+                         # The lean setting for the largest model: glibc gives freed memory back
+                         # (the default, retain, keeps it for speed; README "The CPU heap").
+                         "--heap", "unchanged"] +
                         (["--mesh", f"2,{world // 2}"] if strategy.startswith("hybrid") else []))
     procs = []
     try:

@@ -414,7 +414,7 @@ void Engine::unshard(UnitState& u) {
     return;
   }
   // NOTE [CUDA streams]: buffer, cast and all-gather on the gather stream (CPU: no streams).
-  auto on_gather_stream = streams_.gather_scope();
+  [[maybe_unused]] auto on_gather_stream = streams_.gather_scope();
   alloc_storage(u.full);
   at::Tensor src = u.shard.detach();
   if (param_dtype_ != c10::kFloat) src = src.to(param_dtype_);

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -48,6 +49,31 @@ Backend parse_backend(const std::string& text) {
     if (t == to_string(b)) return b;
   }
   throw Error(detail::cat("backend '", text, "' is unknown; use auto, gloo or nccl"));
+}
+
+// NOTE [CPU heap]: a training step allocates and frees the same activations, gradients and
+// gathered parameters every step, most of them 128 KiB - 32 MiB. glibc serves the first large
+// blocks with mmap, raises its mmap threshold to the size of the largest one freed, and trims the
+// heap top whenever more than twice that is free: after every backward, the activations' pages
+// go back to the kernel and the next forward faults them in again, zeroed. Measured with
+// fsdp-train (small GPT, global batch 16 x 128, one rank, libtorch 1.13): 37,600 minor faults
+// and 0.50 s per step, against about 100 and 0.42 s with the thresholds below (peak RSS 480 ->
+// 503 MiB). PyTorch's Python processes mostly escape it: something large freed early (at import)
+// raises the adaptive threshold high enough (ddp_peer.py's one process: ~900 faults per step).
+// Setting either threshold turns glibc's adaptation off, so both are set.
+const char* to_string(HeapPolicy p) { return p == HeapPolicy::kRetain ? "retain" : "unchanged"; }
+
+bool set_heap_policy(HeapPolicy policy) {
+  if (policy == HeapPolicy::kUnchanged) return true;
+#if defined(__GLIBC__)
+  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+  constexpr int kTrimThreshold = 1 << 30;
+  // mallopt returns 1 on success; sanitizers' allocators take the call and return 0.
+  return ::mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+         ::mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+#else
+  return false;
+#endif
 }
 
 void set_threads(int64_t threads) {
@@ -214,6 +240,7 @@ struct Runtime::Impl {
   RuntimeOptions options;
   Backend backend = Backend::kGloo;
   std::string backend_reason;
+  bool heap_applied = false;
   c10::Device device{c10::kCPU};
   int64_t threads = 1;
   c10::intrusive_ptr<c10d::Store> store;
@@ -357,6 +384,7 @@ std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptio
                   : env.threads > 0    ? env.threads
                                        : default_threads_per_rank(env.local_world_size);
   set_threads(impl->threads);
+  impl->heap_applied = set_heap_policy(options.heap);
   if (env.world_size == 1) {
     impl->store = c10::make_intrusive<c10d::HashStore>();
     return RuntimeFactory::finish(std::move(impl));
@@ -430,6 +458,7 @@ int64_t Runtime::rank() const { return impl_->env.rank; }
 int64_t Runtime::world_size() const { return impl_->env.world_size; }
 Backend Runtime::backend() const { return impl_->backend; }
 const std::string& Runtime::backend_reason() const { return impl_->backend_reason; }
+bool Runtime::heap_applied() const { return impl_->heap_applied; }
 c10::Device Runtime::device() const { return impl_->device; }
 const RuntimeOptions& Runtime::options() const { return impl_->options; }
 int64_t Runtime::threads() const { return impl_->threads; }

@@ -1,7 +1,12 @@
 // Which backend a rank gets, why, and the one-line errors of the GPU rules (runtime_internal.h):
 // nccl on a CPU-only libtorch or without a GPU, more ranks on a node than visible GPUs. Runs on
 // every build: the rules are pure functions, and the Runtime part checks this machine's answer.
+// Also the heap policy (set_heap_policy) every Runtime applies.
 #include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -57,6 +62,20 @@ TEST(Backend, NcclOnACpuOnlyLibtorchIsAClearError) {
                        "--backend gloo (or auto)");
 }
 
+[[maybe_unused]] void expect_retained() {
+  ASSERT_TRUE(set_heap_policy(HeapPolicy::kRetain));
+  constexpr size_t kBlock = 24 << 20;  // under the 32 MiB threshold, over glibc's adaptive start
+  const struct mallinfo2 before = ::mallinfo2();
+  void* block = std::malloc(kBlock);
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 1, kBlock);
+  const struct mallinfo2 held = ::mallinfo2();
+  EXPECT_LT(held.hblkhd, before.hblkhd + kBlock) << "the block was mmapped, not taken from the heap";
+  std::free(block);
+  const struct mallinfo2 after = ::mallinfo2();
+  EXPECT_GE(after.fordblks, kBlock) << "the freed block went back to the system";
+}
+
 TEST(Backend, NcclWithoutAVisibleGpuIsAClearError) {
   expect_one_line_with(error_of([] { detail::choose_backend(Backend::kNccl, true, 0); }),
                        "backend nccl needs a GPU, but this CUDA libtorch sees none (");
@@ -94,6 +113,26 @@ TEST(Backend, RuntimeReportsItsChoice) {
                          detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
                        }),
                        "; use --backend gloo (or auto)");
+}
+
+// kRetain: a block under the mmap threshold comes from the heap, and freeing it keeps it there
+// for the next step instead of returning it to the system. Sanitizers bring their own allocator,
+// which ignores mallopt: there set_heap_policy says so.
+TEST(Heap, RetainKeepsFreedBuffersInTheHeap) {
+  EXPECT_TRUE(set_heap_policy(HeapPolicy::kUnchanged));
+  EXPECT_STREQ(to_string(HeapPolicy::kRetain), "retain");
+  EXPECT_STREQ(to_string(HeapPolicy::kUnchanged), "unchanged");
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  EXPECT_FALSE(set_heap_policy(HeapPolicy::kRetain));
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  EXPECT_FALSE(set_heap_policy(HeapPolicy::kRetain));
+#else
+  expect_retained();
+#endif
+#else
+  expect_retained();
+#endif
 }
 
 }  // namespace

@@ -127,6 +127,8 @@ TEST(Train, SameLossesOnEveryMeshAndStrategy) {
       {"w4_hybrid_zero2_4x1",
        {"--devices", "4", "--strategy", "hybrid_shard_zero2", "--mesh", "4,1", "--grad-accum", "2",
         "--grad-sync", "local"}},
+      // malloc's settings change speed and memory, never a value.
+      {"w2_heap_unchanged", {"--devices", "2", "--strategy", "no_shard", "--heap", "unchanged"}},
   };
   std::vector<std::vector<double>> losses;
   for (const auto& run_ : runs) {
@@ -137,6 +139,11 @@ TEST(Train, SameLossesOnEveryMeshAndStrategy) {
     ASSERT_EQ(r.exit_code(), 0) << run_.name << "\n" << r.output;
     EXPECT_NE(r.output.find("final loss"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("step 6/6"), std::string::npos) << r.output;  // progress, no tty
+    const bool unchanged = run_.name == "w2_heap_unchanged";
+    EXPECT_NE(r.output.find(unchanged ? "  heap                   unchanged (--heap unchanged"
+                                      : "  heap                   retain"),
+              std::string::npos)
+        << r.output;
     losses.push_back(check_metrics(dir.file(run_.name + ".jsonl"), 6, run_.name));
   }
   ASSERT_EQ(losses[0].size(), 6u);
@@ -430,6 +437,7 @@ TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
       {{"--grad-sync", "replicate_on_last", "--strategy", "full_shard"}, "replicate_on_last"},
       {{"--clip-grad", "-1"}, "--clip-grad -1"},
       {{"--prefetch", "maybe"}, "'maybe'"},
+      {{"--heap", "never"}, "--heap 'never' is unknown; use retain or unchanged"},
       {{"--threads", "-2"}, "--threads -2"},
       {{"--timeout", "0"}, "--timeout 0"},
       {{"--model", "huge"}, "'huge'"},

@@ -28,6 +28,23 @@ enum class Backend {
 const char* to_string(Backend b);
 Backend parse_backend(const std::string& text);  // "auto" | "gloo" | "nccl", any case
 
+// What glibc's malloc does with memory a training step frees (NOTE [CPU heap] in runtime.cpp).
+enum class HeapPolicy {
+  // Keep freed memory for the next step: buffers up to 32 MiB come from the heap, and up to
+  // 1 GiB of free heap is kept rather than returned to the system (mallopt M_MMAP_THRESHOLD,
+  // M_TRIM_THRESHOLD). A step then reuses the pages of the one before instead of faulting them in
+  // again: measured 15% less time per step for the small GPT on one CPU rank (minor page faults
+  // fell from ~37,600 to ~100 per step), about 5% more peak RSS.
+  kRetain,
+  // Leave the allocator's settings as they are (glibc: trims the heap whenever the free memory
+  // at its top exceeds a threshold it adapts itself, often after every step).
+  kUnchanged,
+};
+const char* to_string(HeapPolicy p);  // "retain" | "unchanged"
+// Applies `policy` to this process's allocator. Returns false where the allocator ignores these
+// settings (not glibc, or a sanitizer's allocator), true otherwise (kUnchanged: always true).
+bool set_heap_policy(HeapPolicy policy);
+
 struct RuntimeOptions {
   // Collective backend. Default kAuto.
   Backend backend = Backend::kAuto;
@@ -39,6 +56,8 @@ struct RuntimeOptions {
   int64_t threads = 0;
   // How all-gather and reduce-scatter run (see collectives.h). Default kAuto.
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto;
+  // Applied by init() to the whole process (set_heap_policy). Default kRetain.
+  HeapPolicy heap = HeapPolicy::kRetain;
 };
 
 class Runtime {
@@ -61,6 +80,8 @@ class Runtime {
   // (CUDA_VISIBLE_DEVICES='')". The library prints nothing: a tool shows it where it reports
   // its setup.
   const std::string& backend_reason() const;
+  // Whether options().heap took effect (set_heap_policy's result).
+  bool heap_applied() const;
   c10::Device device() const;        // cpu, or cuda:<local rank> with NCCL
   const RuntimeOptions& options() const;
   int64_t threads() const;           // intra-op threads this rank uses

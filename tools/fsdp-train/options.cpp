@@ -330,6 +330,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--timeout", o.timeout,
                  "seconds a rank waits for its peers (rendezvous, collectives) before failing")
       ->group(runtime);
+  app.add_option("--heap", o.heap,
+                 "retain: glibc keeps freed memory for the next step (faster; a little more "
+                 "peak RSS) | unchanged: leave malloc's settings alone (README \"Performance\")")
+      ->group(runtime);
 
   const char* ckpt = "Checkpoints and sampling";
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
@@ -450,6 +454,10 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   for (const auto& g : o.freeze) {
     FSDP_CHECK(!g.empty(), "--freeze '' is empty; give a glob of parameter names, e.g. 'tok_emb.*'");
   }
+  const std::string heap = lower(o.heap);
+  FSDP_CHECK(heap == "retain" || heap == "unchanged", "--heap '", o.heap,
+             "' is unknown; use retain or unchanged");
+  p.heap = heap == "retain" ? fsdp::HeapPolicy::kRetain : fsdp::HeapPolicy::kUnchanged;
   const std::string prefetch = lower(o.prefetch);
   FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
              "' is unknown; use on or off");

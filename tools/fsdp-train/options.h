@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fsdp/launcher.h"
+#include "fsdp/runtime.h"
 #include "fsdp/strategy.h"
 
 namespace CLI {
@@ -70,6 +71,7 @@ struct TrainOptions {
   int64_t seed = 1234;
   // Runtime (threads: launch.threads).
   double timeout = 300;
+  std::string heap = "retain";  // fsdp::HeapPolicy: retain | unchanged
   // Checkpoints (fsdp/checkpoint.h).
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // steps between sharded checkpoints; 0 = only at the end
@@ -115,6 +117,7 @@ struct TrainPlan {
   int64_t per_rank_batch = 1;  // sequences per rank per optimizer step: global_batch / world
   int64_t micro_batch = 1;     // sequences per rank per micro-step: per_rank_batch / grad_accum
   bool bf16 = false;
+  fsdp::HeapPolicy heap = fsdp::HeapPolicy::kRetain;
   DataSource data;
 };
 

@@ -287,7 +287,7 @@ std::string printable(std::string s) {
 
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
                    const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt,
-                   const std::string& backend) {
+                   const std::string& backend, const std::string& heap) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
                 static_cast<long long>(o.steps));
@@ -320,6 +320,7 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
   row("backend", backend);
+  row("heap", heap);
   row("parameters",
       report.trainable_params < report.total_params
           ? cat(fsdp::format_count(double(report.trainable_params)), " trainable of ",
@@ -405,6 +406,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::vector<StepRecord> records;
   CheckpointLog ckpt;
   std::string backend;  // the collective backend, and why (e.g. auto picked gloo: no GPU)
+  std::string heap;     // what --heap did
   std::string sample;
   fsdp::TopologyReport report;
   int64_t n_params = 0, n_trainable = 0;
@@ -414,7 +416,14 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     fsdp::RuntimeOptions ro;
     ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
     ro.threads = o.launch.threads;
+    ro.heap = p.heap;
     auto runtime = fsdp::Runtime::init(ro);
+    heap = p.heap == fsdp::HeapPolicy::kUnchanged ? "unchanged (--heap unchanged: malloc's own settings)"
+           : runtime->heap_applied()
+               ? "retain (glibc keeps freed memory for the next step: mmap threshold 32 MiB, "
+                 "trim threshold 1 GiB)"
+               : "retain asked, not applied: this allocator ignores mallopt (sanitizer build or "
+                 "not glibc)";
     backend = runtime->backend_reason().empty() ? fsdp::to_string(runtime->backend())
                                                 : runtime->backend_reason();
     const int64_t rank = runtime->rank(), W = runtime->world_size();
@@ -607,7 +616,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   }  // every rank leaves the job here (Runtime's destructor waits for the others)
 
   if (!lead) return 0;
-  print_summary(o, p, records, report, seconds_since(start), ckpt, backend);
+  print_summary(o, p, records, report, seconds_since(start), ckpt, backend, heap);
   if (o.sample > 0) {
     std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
                 static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),
