@@ -449,6 +449,10 @@ TEST(Engine, AtMostTheRunningAndThePrefetchedUnitAreGathered) {
 
 TEST(Engine, SequentialChildrenBecomeUnits) {
   auto make = [] {
+    // Ranks are threads sharing the process-wide generator: seed and draw under one lock, or the
+    // two ranks' initialisations interleave and neither equals the reference (flaky, ~1 in 3).
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
     torch::manual_seed(3);
     return torch::nn::Sequential(torch::nn::Linear(33, 33), torch::nn::Tanh(),
                                  torch::nn::Linear(33, 33), torch::nn::Tanh(),
@@ -719,14 +723,8 @@ TEST_P(ReportedComm, EqualsTheCountedBytes) {
     o.grad_sync = c.sync;
     o.clip = c.clip;
     o.param_dtype = o.reduce_dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat;
-    auto report = make_topology_report(model.plan(), W, model.units(), o);
-    const auto shard_d = after[0].second - before[0].second;
-    const auto rep_d = after[1].second - before[1].second;
-    EXPECT_EQ(shard_d.all_gather_bytes, report.comm.shard_all_gather);
-    EXPECT_EQ(shard_d.reduce_scatter_bytes, report.comm.shard_reduce_scatter);
-    EXPECT_EQ(shard_d.all_reduce_bytes, report.comm.shard_all_reduce);
-    EXPECT_EQ(rep_d.all_reduce_bytes, report.comm.replicate_all_reduce);
-    EXPECT_EQ(rep_d.all_gather_bytes + rep_d.reduce_scatter_bytes, 0);
+    expect_comm_matches_report(before, after,
+                               make_topology_report(model.plan(), W, model.units(), o));
   });
 }
 

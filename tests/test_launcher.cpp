@@ -289,28 +289,6 @@ TEST(Launcher, PortInUse) {
   ::close(fd);
 }
 
-namespace {
-
-// Whether /proc/net/tcp has a socket on local `port` in TIME_WAIT (state 06).
-bool time_wait_on(int port) {
-  char local_port[8];
-  std::snprintf(local_port, sizeof(local_port), ":%04X", port);
-  std::ifstream tcp("/proc/net/tcp");
-  std::string line;
-  std::getline(tcp, line);  // header
-  while (std::getline(tcp, line)) {
-    std::istringstream fields(line);
-    std::string slot, local, remote, state;
-    fields >> slot >> local >> remote >> state;
-    if (local.size() > 5 && local.compare(local.size() - 5, 5, local_port) == 0 && state == "06") {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
 TEST(Launcher, PortInTimeWaitIsNotInUse) {
   // What a finished job leaves behind: its store (listening with SO_REUSEADDR, as ours does)
   // closed a connection first, so the port holds a TIME_WAIT socket for ~60 s and nothing listens.
@@ -334,8 +312,10 @@ TEST(Launcher, PortInTimeWaitIsNotInUse) {
   ASSERT_EQ(::recv(client, &byte, 1, 0), 0);
   ::close(client);
   ::close(listener);
-  for (int i = 0; i < 100 && !time_wait_on(port); ++i) std::this_thread::sleep_for(20ms);
-  ASSERT_TRUE(time_wait_on(port)) << "no TIME_WAIT socket on port " << port;
+  for (int i = 0; i < 100 && tcp_sockets(port, "06").empty(); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(tcp_sockets(port, "06").empty()) << "no TIME_WAIT socket on port " << port;
   // The situation is the one users hit: a plain bind, as the probe used to do, is refused.
   int plain = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in any = a;

@@ -17,27 +17,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// The local address (as the kernel prints it: hex, in network byte order read as a host-order
-// word) of every socket in LISTEN state on `port`, from /proc/net/tcp and /proc/net/tcp6.
-std::vector<std::string> listening_addresses(int port) {
-  std::vector<std::string> found;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;
-      auto colon = local.rfind(':');
-      if (state != "0A" || colon == std::string::npos) continue;  // 0A = TCP_LISTEN
-      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
-      found.push_back(local.substr(0, colon));
-    }
-  }
-  return found;
-}
-
 TEST(Security, RendezvousStoreListensOnTheMasterAddressOnly) {
   // 127.0.0.2 is loopback too (all of 127/8 is), but a socket bound to it shows as 0200007F,
   // distinct from the wildcard 00000000 (or :: in tcp6) that c10d binds on its own.
@@ -47,7 +26,7 @@ TEST(Security, RendezvousStoreListensOnTheMasterAddressOnly) {
   std::vector<std::string> addrs;
   for (int i = 0; i < 300 && addrs.empty(); ++i) {
     std::this_thread::sleep_for(100ms);
-    addrs = listening_addresses(port);
+    addrs = tcp_sockets(port, "0A");
   }
   job.signal(SIGTERM);
   auto r = job.wait(30s);

@@ -1,6 +1,8 @@
 // Test helpers (see testing.h): thread ranks over a shared HashStore, child processes with deadlines.
 #include "testing.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -18,6 +20,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <sstream>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -203,6 +207,40 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+void expect_comm_matches_report(const CommSnapshot& before, const CommSnapshot& after,
+                                const TopologyReport& report) {
+  ASSERT_GE(before.size(), 2u);  // shard, replicate (then world)
+  ASSERT_EQ(after.size(), before.size());
+  ASSERT_EQ(before[0].first, "shard");
+  ASSERT_EQ(before[1].first, "replicate");
+  const auto shard = after[0].second - before[0].second;
+  const auto replicate = after[1].second - before[1].second;
+  EXPECT_EQ(shard.all_gather_bytes, report.comm.shard_all_gather);
+  EXPECT_EQ(shard.reduce_scatter_bytes, report.comm.shard_reduce_scatter);
+  EXPECT_EQ(shard.all_reduce_bytes, report.comm.shard_all_reduce);
+  EXPECT_EQ(replicate.all_reduce_bytes, report.comm.replicate_all_reduce);
+  EXPECT_EQ(replicate.all_gather_bytes + replicate.reduce_scatter_bytes, 0);
+}
+
+std::vector<std::string> tcp_sockets(int port, const std::string& state) {
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, st;
+      fields >> slot >> local >> remote >> st;
+      const auto colon = local.rfind(':');
+      if (st != state || colon == std::string::npos) continue;
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      found.push_back(local.substr(0, colon));
+    }
+  }
+  return found;
 }
 
 double time_scale() {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/collectives.h"
+#include "fsdp/report.h"
 #include "fsdp/runtime.h"
 
 namespace fsdp::testing {
@@ -72,6 +74,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Two snapshots of ShardedModule::comm_counters() around a step: the bytes each group counted in
+// between equal the report's prediction (shard all-gather, reduce-scatter and all-reduce;
+// replicate all-reduce, and nothing else on the replicate group).
+using CommSnapshot = std::vector<std::pair<std::string, CommCounters>>;
+void expect_comm_matches_report(const CommSnapshot& before, const CommSnapshot& after,
+                                const TopologyReport& report);
+
+// The local addresses (hex, as the kernel prints them) of every TCP socket on local `port` in
+// `state` ("0A": listening, "06": TIME_WAIT), read from /proc/net/tcp and /proc/net/tcp6.
+std::vector<std::string> tcp_sockets(int port, const std::string& state);
 
 // A TCP port nobody listens on right now.
 int free_port();

@@ -332,7 +332,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
       ->group(runtime);
   app.add_option("--heap", o.heap,
                  "retain: glibc keeps freed memory for the next step (faster; a little more "
-                 "peak RSS) | unchanged: leave malloc's settings alone (README \"Performance\")")
+                 "peak RSS) | unchanged: leave malloc's settings alone (README \"The CPU heap\")")
       ->group(runtime);
 
   const char* ckpt = "Checkpoints and sampling";
