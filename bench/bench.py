@@ -216,6 +216,13 @@ def peers_26(r, results, quick):
                     res = r26.fsdp(model, steps, batch, seq, w, strategy, prefix=prefix)
                 res.update(round=rnd, torch_line="2.6")
                 rows.append(res)
+        log(f"limit 2.6: round {rnd + 1}/{rounds}")
+        res = r26.fsdp(model, steps, batch, seq, 1, "no_shard", prefix=prefix, label="one process")
+        res.update(round=rnd, torch_line="2.6", kind="limit")
+        rows.append(res)
+        res = r26.ddp("python3", model, steps, batch, seq, 1, prefix=prefix, extra=["--no-ddp"])
+        res.update(round=rnd, torch_line="2.6", kind="limit-py")
+        rows.append(res)
     results["peers_26"] = rows
     # PyTorch's own FSDP on CPU, for the record (the error text is quoted in BENCHMARKS.md).
     probe = subprocess.run(prefix + ["python3", os.path.join(HERE, "fsdp_cpu_probe.py")],

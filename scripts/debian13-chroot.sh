@@ -64,6 +64,12 @@ chroot_run() {
   chroot_mounts "$root"
   here=$(pwd -P)
   mkdir -p "$root$here"
+  # A mount left from an earlier directory of the same name, since deleted (a clone removed and
+  # made again at the same path) still shows the old, empty one: drop it and mount this one.
+  if mountpoint -q "$root$here" &&
+     [ "$(stat -c %d:%i "$here")" != "$(stat -c %d:%i "$root$here" 2>/dev/null)" ]; then
+    umount -l "$root$here"
+  fi
   mountpoint -q "$root$here" || mount --bind "$here" "$root$here"
   # PyTorch 2.6 as Debian builds it has no libuv: TCPStore must use its classic server.
   exec chroot "$root" env USE_LIBUV=0 bash -c 'cd "$0" && exec "$@"' "$here" "$@"
