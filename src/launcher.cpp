@@ -177,10 +177,9 @@ void write_line(const std::string& line) { write_text(line + "\n"); }
 // NOTE [rank output]: when a job fails, every rank usually prints the same error line, and a
 // user of 8 ranks would read it 8 times. The supervisor therefore carries each rank's stderr (a
 // pipe, or a pseudo-terminal when its own stderr is a terminal, so that a rank still sees one
-// and draws its progress bar) and forwards it line by line: a complete line waits up to `hold` (LaunchOptions::output_hold, 1 s
-// by default) for
-// the same line from the other ranks of this node, and identical lines leave as one that names
-// the ranks ("... [ranks 0-3]"). A line that names its own rank ("rank 2: lost rank 3") matches
+// and draws its progress bar) and forwards it line by line: a complete line waits up to `hold`
+// (LaunchOptions::output_hold, 1 s by default) for the same line from the other ranks of this
+// node, and identical lines leave as one that names the ranks ("... [ranks 0-3]"). A line that names its own rank ("rank 2: lost rank 3") matches
 // the same line of another rank naming that one, and leaves as "ranks 1-2: lost rank 3". Lines
 // that differ, and lines of one rank, are forwarded unchanged, each rank's in its own order; text
 // that is not a complete line (a progress bar redrawn with "\r", a prompt) leaves at once.

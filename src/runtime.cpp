@@ -66,11 +66,9 @@ const char* to_string(HeapPolicy p) { return p == HeapPolicy::kRetain ? "retain"
 bool set_heap_policy(HeapPolicy policy) {
   if (policy == HeapPolicy::kUnchanged) return true;
 #if defined(__GLIBC__)
-  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
-  constexpr int kTrimThreshold = 1 << 30;
   // mallopt returns 1 on success; sanitizers' allocators take the call and return 0.
-  return ::mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
-         ::mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+  return ::mallopt(M_MMAP_THRESHOLD, kRetainMmapThreshold) == 1 &&
+         ::mallopt(M_TRIM_THRESHOLD, kRetainTrimThreshold) == 1;
 #else
   return false;
 #endif

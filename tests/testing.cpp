@@ -20,9 +20,9 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <sstream>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 

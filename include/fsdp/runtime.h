@@ -40,6 +40,10 @@ enum class HeapPolicy {
   // at its top exceeds a threshold it adapts itself, often after every step).
   kUnchanged,
 };
+// kRetain's settings: the largest block served from the heap (glibc's maximum, HEAP_MAX_SIZE / 2
+// on 64-bit) and the free heap kept before glibc returns memory to the system.
+constexpr int kRetainMmapThreshold = 32 << 20;
+constexpr int kRetainTrimThreshold = 1 << 30;
 const char* to_string(HeapPolicy p);  // "retain" | "unchanged"
 // Applies `policy` to this process's allocator. Returns false where the allocator ignores these
 // settings (not glibc, or a sanitizer's allocator), true otherwise (kUnchanged: always true).

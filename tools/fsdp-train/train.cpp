@@ -418,12 +418,16 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     ro.threads = o.launch.threads;
     ro.heap = p.heap;
     auto runtime = fsdp::Runtime::init(ro);
-    heap = p.heap == fsdp::HeapPolicy::kUnchanged ? "unchanged (--heap unchanged: malloc's own settings)"
-           : runtime->heap_applied()
-               ? "retain (glibc keeps freed memory for the next step: mmap threshold 32 MiB, "
-                 "trim threshold 1 GiB)"
-               : "retain asked, not applied: this allocator ignores mallopt (sanitizer build or "
-                 "not glibc)";
+    if (p.heap == fsdp::HeapPolicy::kUnchanged) {
+      heap = "unchanged (--heap unchanged: malloc's own settings)";
+    } else if (runtime->heap_applied()) {
+      heap = cat("retain (glibc keeps freed memory for the next step: mmap threshold ",
+                 fsdp::format_bytes(fsdp::kRetainMmapThreshold), ", trim threshold ",
+                 fsdp::format_bytes(fsdp::kRetainTrimThreshold), ")");
+    } else {
+      heap = "retain asked, not applied: this allocator ignores mallopt (sanitizer build or not "
+             "glibc)";
+    }
     backend = runtime->backend_reason().empty() ? fsdp::to_string(runtime->backend())
                                                 : runtime->backend_reason();
     const int64_t rank = runtime->rank(), W = runtime->world_size();
