@@ -20,6 +20,12 @@
 
 namespace fsdp_train {
 
+// What fsdp-train trains: token ids [B, T] (int64) -> logits [B, T, vocab] over the real
+// vocabulary. The byte GPT below and GPT-2 (gpt2.h) both are one; fsdp::shard takes the base.
+struct LanguageModel : torch::nn::Module {
+  virtual torch::Tensor forward(torch::Tensor tokens) = 0;
+};
+
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const ModelPreset& c) : n_heads(c.n_heads), dropout(c.dropout) {
     const int64_t d = c.d_model;
@@ -64,7 +70,7 @@ struct BlockImpl : torch::nn::Module {
 };
 
 // bytes [B, T] (int64) -> logits [B, T, 256]
-struct GPTImpl : torch::nn::Module {
+struct GPTImpl : LanguageModel {
   explicit GPTImpl(const ModelPreset& c) {
     tok = register_module("tok_emb", torch::nn::Embedding(kVocab, c.d_model));
     pos = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
@@ -77,7 +83,7 @@ struct GPTImpl : torch::nn::Module {
     init_weights(c.n_layers);
   }
 
-  torch::Tensor forward(torch::Tensor tokens) {
+  torch::Tensor forward(torch::Tensor tokens) override {
     const int64_t T = tokens.size(1);
     auto positions =
         torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
