@@ -74,7 +74,11 @@ std::string preset_help() {
   const auto& p = model_presets();
   for (size_t i = 0; i < p.size(); ++i) {
     s += cat(i ? "; " : "", p[i].name, " (d ", p[i].d_model, ", ", p[i].n_layers, " blocks, ",
-             p[i].n_heads, " heads, context ", p[i].context, ")");
+             p[i].n_heads, " heads, context ", p[i].context,
+             p[i].gpt2 ? cat(", GPT-2: vocabulary ", p[i].vocab, " padded to ", p[i].padded_vocab,
+                             ", tied head")
+                       : std::string(", bytes"),
+             ")");
   }
   return s;
 }

@@ -133,25 +133,41 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
   return f;
 }
 
-// The largest token of `f`, reading it once in 1 MiB chunks (nothing stays in memory).
+// The largest token of `f`, reading it once in 1 MiB chunks (nothing stays in memory). Holes of
+// a sparse file (SEEK_DATA / SEEK_HOLE) read as zeros, i.e. token 0, and are skipped.
 int64_t max_token_of(const TokenFile& f) {
   Fd fd{::open(f.path.c_str(), O_RDONLY | O_CLOEXEC)};
   FSDP_CHECK(fd.fd >= 0, "cannot open '", f.path, "': ", std::strerror(errno));
   ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   constexpr int64_t kChunk = 1 << 20;
-  std::vector<unsigned char> buf(kChunk);
-  const int64_t bytes = f.tokens * f.token_bytes();
+  std::vector<uint16_t> buf16(kChunk / 2);  // 2-byte aligned for uint16 tokens
+  auto* buf = reinterpret_cast<unsigned char*>(buf16.data());
+  const int64_t end = f.offset + f.tokens * f.token_bytes();
   int64_t best = -1;
-  for (int64_t done = 0; done < bytes;) {
-    const int64_t n = std::min(kChunk, bytes - done);
-    pread_all(fd.fd, buf.data(), static_cast<size_t>(n), f.offset + done, f.path);
-    if (f.token_bytes() == 1) {
-      best = std::max<int64_t>(best, *std::max_element(buf.begin(), buf.begin() + n));
-    } else {
-      const auto* t = reinterpret_cast<const uint16_t*>(buf.data());
-      best = std::max<int64_t>(best, *std::max_element(t, t + n / 2));
+  for (int64_t at = f.offset; at < end;) {
+    // The data region holding or following `at` (a file system without SEEK_DATA: all data).
+    int64_t data = ::lseek(fd.fd, at, SEEK_DATA), stop = end;
+    if (data < 0 && errno == ENXIO) data = end;  // only a hole is left
+    if (data < 0) data = at;
+    if (data > at) best = std::max<int64_t>(best, 0);  // a hole: zeros
+    // Holes are whole pages, so `data` stays token-aligned (offset 0 or 1024).
+    at = std::min(data, end);
+    if (at >= end) break;
+    const int64_t hole = ::lseek(fd.fd, at, SEEK_HOLE);
+    if (hole > at) stop = std::min(stop, hole);
+    for (; at < stop;) {
+      const int64_t n = std::min(kChunk, stop - at);
+      pread_all(fd.fd, buf, static_cast<size_t>(n), at, f.path);
+      // Plain loops: the compiler vectorises them (std::max_element it does not).
+      unsigned m = 0;
+      if (f.token_bytes() == 1) {
+        for (int64_t i = 0; i < n; ++i) m = std::max<unsigned>(m, buf[i]);
+      } else {
+        for (int64_t i = 0; i < n / 2; ++i) m = std::max<unsigned>(m, buf16[i]);
+      }
+      best = std::max<int64_t>(best, m);
+      at += n;
     }
-    done += n;
   }
   // Drop what this pass brought into the page cache: training reads only its windows.
   ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_DONTNEED);
