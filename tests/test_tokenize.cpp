@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "testing.h"
 
@@ -36,19 +36,23 @@ std::string read_all(const std::string& path) {
 }  // namespace
 
 TEST(Tokenize, SameIdsAsGpt3EncoderUnderNode) {
-  if (!exists(kFortunes + "/computers")) GTEST_SKIP() << "no " << kFortunes << " (apt-get install fortunes)";
-  if (run({"/bin/sh", "-c", "command -v node"}).exit_code() != 0) GTEST_SKIP() << "no node (apt-get install nodejs)";
+  if (!exists(kFortunes + "/computers"))
+    GTEST_SKIP() << "no " << kFortunes << " (apt-get install fortunes)";
+  if (run({"/bin/sh", "-c", "command -v node"}).exit_code() != 0)
+    GTEST_SKIP() << "no node (apt-get install nodejs)";
   if (!exists(kPackage + "/Encoder.js")) GTEST_SKIP() << "no " << kPackage << " (scripts/setup.sh)";
   TempDir dir;
   {
     std::ofstream out(dir / "text.txt", std::ios::binary);
-    for (const char* f : {"computers", "science", "literature"}) out << read_all(kFortunes + "/" + f);
+    for (const char* f : {"computers", "science", "literature"})
+      out << read_all(kFortunes + "/" + f);
   }
   auto ours = run({kTokenize, "--ids", dir / "text.txt"}, {}, 60s);
   ASSERT_EQ(ours.exit_code(), 0) << ours.output;
-  auto node = run({"/usr/bin/env", "node", std::string(FSDP_SOURCE_DIR) + "/tests/node/gpt2_encode.js", kPackage,
-                   dir / "text.txt"},
-                  {}, 120s);
+  auto node =
+      run({"/usr/bin/env", "node", std::string(FSDP_SOURCE_DIR) + "/tests/node/gpt2_encode.js",
+           kPackage, dir / "text.txt"},
+          {}, 120s);
   ASSERT_EQ(node.exit_code(), 0) << node.output;
   const auto a = nlohmann::json::parse(ours.output).get<std::vector<int64_t>>();
   const auto b = nlohmann::json::parse(node.output).get<std::vector<int64_t>>();
@@ -97,7 +101,8 @@ TEST(Tokenize, BadInputFailsInOneLine) {
       {{kTokenize, "-o", dir / "x", dir / "missing.txt"}, "cannot read"},
       {{kTokenize, "--ids", dir / "bad.txt"}, "is not valid UTF-8 near byte 3"},
       {{kTokenize, "-o", dir / "x", "--val-fraction", "1.5", dir / "ok.txt"}, "--val-fraction 1.5"},
-      {{kTokenize, "--ids", "--encoder", dir / "ok.txt", dir / "ok.txt"}, "is not GPT-2's encoder.json"},
+      {{kTokenize, "--ids", "--encoder", dir / "ok.txt", dir / "ok.txt"},
+       "is not GPT-2's encoder.json"},
   };
   for (const auto& [argv, expect] : cases) {
     auto r = run(argv, {}, 60s);

@@ -55,11 +55,20 @@ void write_raw_tokens(const std::string& path, const std::vector<uint16_t>& t) {
 
 // A small GPT-2 (2 layers, width 64, the full vocabulary) with llm.c's optimizer settings.
 std::vector<std::string> gpt2_args(std::vector<std::string> extra) {
-  std::vector<std::string> argv{kTrain,        "--model=gpt2",      "--layers=2",
-                                "--d-model=64", "--heads=4",         "--global-batch=4",
-                                "--seq-len=32", "--lr=1e-4",         "--warmup-steps=0",
-                                "--lr-schedule=constant", "--beta2=0.999", "--weight-decay=0",
-                                "--clip-grad=0", "--quiet"};
+  std::vector<std::string> argv{kTrain,
+                                "--model=gpt2",
+                                "--layers=2",
+                                "--d-model=64",
+                                "--heads=4",
+                                "--global-batch=4",
+                                "--seq-len=32",
+                                "--lr=1e-4",
+                                "--warmup-steps=0",
+                                "--lr-schedule=constant",
+                                "--beta2=0.999",
+                                "--weight-decay=0",
+                                "--clip-grad=0",
+                                "--quiet"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }
@@ -116,7 +125,8 @@ TEST(TokenFiles, BadFilesFailInOneLineBeforeStarting) {
                      "has no llm.c header (magic 12345, expected 20240520)");
   expect_usage_error(gpt2({"--data", dir / "magic.bin", "--data-format=llmc"}),
                      "is not an llm.c token file: magic 12345");
-  expect_usage_error(gpt2({"--data", dir / "version.bin"}), "llm.c token file version 2, expected 1");
+  expect_usage_error(gpt2({"--data", dir / "version.bin"}),
+                     "llm.c token file version 2, expected 1");
   expect_usage_error(gpt2({"--data", dir / "short.bin"}),
                      "is 9022 bytes but its llm.c header says 4000 tokens, which take 9024 bytes");
   expect_usage_error(gpt2({"--data", dir / "raw.bin", "--data-format=nanogpt", "--model=tiny"}),
@@ -129,9 +139,9 @@ TEST(TokenFiles, BadFilesFailInOneLineBeforeStarting) {
   expect_usage_error(gpt2({"--data", dir / "subdir"}), "is a directory");
   expect_usage_error(gpt2({"--data", dir / "good.bin", "--eval-every=2"}),
                      "--eval-every 2 needs --val-data FILE");
-  expect_usage_error(gpt2({"--data", dir / "good.bin", "--val-data", dir / "good.bin",
-                           "--eval-batches=100"}),
-                     "fewer than the 12801 tokens --eval-batches 100 windows");
+  expect_usage_error(
+      gpt2({"--data", dir / "good.bin", "--val-data", dir / "good.bin", "--eval-batches=100"}),
+      "fewer than the 12801 tokens --eval-batches 100 windows");
   // llm.c model files.
   expect_usage_error(gpt2({"--data", dir / "good.bin", "--init-from", dir / "good.bin"}),
                      "is not an llm.c model file: magic 20240520, expected 20240326");
@@ -163,7 +173,7 @@ TEST(TokenFiles, SameBatchesForEveryFormatAndWorldSize) {
   write_raw_tokens(dir / "train.nanogpt", tokens);
   write_llmc_tokens(dir / "val.bin", make_tokens(2000, 3));
   write_raw_tokens(dir / "val.nanogpt", make_tokens(2000, 3));
-  const std::vector<std::string> common = {"--steps=4", "--val-data", dir / "val.bin",
+  const std::vector<std::string> common = {"--steps=4",      "--val-data",       dir / "val.bin",
                                            "--eval-every=2", "--eval-batches=3", "--seed=5"};
   struct Run {
     std::string name;
@@ -172,10 +182,11 @@ TEST(TokenFiles, SameBatchesForEveryFormatAndWorldSize) {
   const bool plot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
   const std::vector<Run> runs = {
       {"w1_llmc_glob", {"--data", dir / "train_*.bin", "--strategy=no_shard"}},
-      {"w1_nanogpt", {"--data", dir / "train.nanogpt", "--data-format=nanogpt",
-                      "--val-data", dir / "val.nanogpt", "--strategy=no_shard"}},
-      {"w4_hybrid_2x2", {"--data", dir / "train_*.bin", "--devices=4", "--strategy=hybrid_shard",
-                         "--mesh=2,2"}},
+      {"w1_nanogpt",
+       {"--data", dir / "train.nanogpt", "--data-format=nanogpt", "--val-data", dir / "val.nanogpt",
+        "--strategy=no_shard"}},
+      {"w4_hybrid_2x2",
+       {"--data", dir / "train_*.bin", "--devices=4", "--strategy=hybrid_shard", "--mesh=2,2"}},
   };
   std::vector<Metrics> got;
   for (const auto& r_ : runs) {
@@ -231,7 +242,8 @@ TEST(TokenFiles, MemoryMappedRssDoesNotGrowWithTheFile) {
   std::ifstream in(dir / "m.jsonl");
   std::string line;
   int64_t peak = 0;
-  while (std::getline(in, line)) peak = std::max(peak, json::parse(line)["peak_rss_bytes"].get<int64_t>());
+  while (std::getline(in, line))
+    peak = std::max(peak, json::parse(line)["peak_rss_bytes"].get<int64_t>());
   EXPECT_GT(peak, 0);
   EXPECT_LT(peak, int64_t{1} << 30) << "peak RSS " << peak << " bytes with a 4 GiB data file";
 }
@@ -244,8 +256,8 @@ TEST(TokenFiles, ResumeIsBitIdentical) {
   for (const std::string order : {"sequential"}) {  // random: test_train_checkpoint
     const std::string ck = dir / ("ck_" + order);
     auto args = [&](std::vector<std::string> extra) {
-      extra.insert(extra.end(), {"--data", dir / "train.bin", "--steps=4",
-                                 "--data-order=" + order, "--checkpoint-dir=" + ck});
+      extra.insert(extra.end(), {"--data", dir / "train.bin", "--steps=4", "--data-order=" + order,
+                                 "--checkpoint-dir=" + ck});
       return gpt2_args(extra);
     };
     auto r = run(args({"--checkpoint-every=2", "--metrics", dir / "full.jsonl"}), {}, 120s);
@@ -253,7 +265,8 @@ TEST(TokenFiles, ResumeIsBitIdentical) {
     std::filesystem::remove_all(ck + "/step-00000004");
     r = run(args({"--resume", "--metrics", dir / "resumed.jsonl"}), {}, 120s);
     ASSERT_EQ(r.exit_code(), 0) << r.output;
-    const auto full = read_metrics(dir / "full.jsonl"), resumed = read_metrics(dir / "resumed.jsonl");
+    const auto full = read_metrics(dir / "full.jsonl"),
+               resumed = read_metrics(dir / "resumed.jsonl");
     ASSERT_EQ(resumed.loss.size(), 2u) << order;
     for (const auto& [step, loss] : resumed.loss) {
       EXPECT_EQ(loss, full.loss.at(step)) << order << " step " << step;
@@ -277,8 +290,8 @@ TEST(Gpt2, LlmcExportThenInitFromGivesIdenticalLosses) {
   const std::vector<std::string> common = {"--data", dir / "train.bin", "--val-data",
                                            dir / "val.bin", "--eval-batches=2"};
   auto argv = gpt2_args(common);
-  argv.insert(argv.end(), {"--steps=3", "--export-llmc", dir / "model.bin", "--metrics",
-                           dir / "a.jsonl"});
+  argv.insert(argv.end(),
+              {"--steps=3", "--export-llmc", dir / "model.bin", "--metrics", dir / "a.jsonl"});
   auto r = run(argv, {}, 120s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   struct stat st {};
@@ -300,12 +313,12 @@ TEST(Gpt2, ParityWithPyTorch) {
   }
   TempDir dir;
   write_llmc_tokens(dir / "train.bin", make_tokens(4000, 7));
-  auto argv = gpt2_args({"--data", dir / "train.bin", "--steps=1", "--export-llmc",
-                         dir / "init.bin"});
+  auto argv =
+      gpt2_args({"--data", dir / "train.bin", "--steps=1", "--export-llmc", dir / "init.bin"});
   auto r = run(argv, {}, 60s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  auto py = run({"/usr/bin/python3", kReference, dir / "init.bin", dir / "train.bin", "4", "32", "5",
-                 "1e-4", "0.9", "0.999", "1e-8", "0"},
+  auto py = run({"/usr/bin/python3", kReference, dir / "init.bin", dir / "train.bin", "4", "32",
+                 "5", "1e-4", "0.9", "0.999", "1e-8", "0"},
                 {}, 120s);
   ASSERT_EQ(py.exit_code(), 0) << py.output;
   const auto reference = json::parse(py.output)["losses"].get<std::vector<double>>();

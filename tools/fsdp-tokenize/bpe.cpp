@@ -25,7 +25,8 @@ constexpr const char* kPattern =
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in, "cannot read '", path, "' (", std::strerror(errno), "); install GPT-2's BPE "
+  FSDP_CHECK(in, "cannot read '", path, "' (", std::strerror(errno),
+             "); install GPT-2's BPE "
              "files with scripts/setup.sh or give --encoder and --vocab");
   std::ostringstream os;
   os << in.rdbuf();
@@ -88,8 +89,8 @@ Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe)
   PCRE2_SIZE at = 0;
   regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
                                PCRE2_UTF | PCRE2_UCP, &err, &at, nullptr);
-  FSDP_CHECK(regex_->code != nullptr, "PCRE2 cannot compile GPT-2's pattern (error ", err,
-             " at ", at, "); this PCRE2 lacks Unicode support");
+  FSDP_CHECK(regex_->code != nullptr, "PCRE2 cannot compile GPT-2's pattern (error ", err, " at ",
+             at, "); this PCRE2 lacks Unicode support");
   regex_->match = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
 }
 
@@ -128,7 +129,8 @@ const std::vector<int64_t>& Gpt2Bpe::bpe(const std::string& piece) {
   std::vector<int64_t> ids;
   for (const auto& symbol : word) {
     auto id = encoder_.find(symbol);
-    FSDP_CHECK(id != encoder_.end(), "symbol '", symbol, "' is not in encoder.json; the "
+    FSDP_CHECK(id != encoder_.end(), "symbol '", symbol,
+               "' is not in encoder.json; the "
                "encoder.json and vocab.bpe given do not belong together");
     ids.push_back(id->second);
   }
@@ -141,15 +143,15 @@ std::vector<int64_t> Gpt2Bpe::encode(const std::string& text) {
   PCRE2_SIZE offset = 0;
   uint32_t options = 0;  // the first match checks the whole text's UTF-8, the others need not
   while (offset < text.size()) {
-    const int rc = pcre2_match(regex_->code, subject, text.size(), offset, options, regex_->match,
-                               nullptr);
+    const int rc =
+        pcre2_match(regex_->code, subject, text.size(), offset, options, regex_->match, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      throw fsdp::Error(cat("the text is not valid UTF-8 near byte ",
-                            pcre2_get_startchar(regex_->match), " (",
-                            reinterpret_cast<const char*>(message), "); convert it to UTF-8 first"));
+      throw fsdp::Error(
+          cat("the text is not valid UTF-8 near byte ", pcre2_get_startchar(regex_->match), " (",
+              reinterpret_cast<const char*>(message), "); convert it to UTF-8 first"));
     }
     options = PCRE2_NO_UTF_CHECK;
     const PCRE2_SIZE* v = pcre2_get_ovector_pointer(regex_->match);

@@ -18,7 +18,8 @@ constexpr int64_t kEndOfText = 50256;
 
 class Gpt2Bpe {
  public:
-  // Reads encoder.json and vocab.bpe; throws fsdp::Error naming a file that is missing or malformed.
+  // Reads encoder.json and vocab.bpe; throws fsdp::Error naming a file that is missing or
+  // malformed.
   Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe);
   ~Gpt2Bpe();
   Gpt2Bpe(const Gpt2Bpe&) = delete;

@@ -135,10 +135,11 @@ int main(int argc, char** argv) {
   }
   int64_t bytes = 0;
   for (const auto& t : texts) bytes += static_cast<int64_t>(t.size());
-  std::printf("fsdp-tokenize: %zu files, %lld bytes -> %lld GPT-2 tokens (%.2f bytes per token): "
-              "%s_train.bin %lld tokens, %s_val.bin %lld tokens\n",
-              inputs.size(), static_cast<long long>(bytes), static_cast<long long>(n),
-              double(bytes) / double(n), output.c_str(), static_cast<long long>(n - n_val),
-              output.c_str(), static_cast<long long>(n_val));
+  std::printf(
+      "fsdp-tokenize: %zu files, %lld bytes -> %lld GPT-2 tokens (%.2f bytes per token): "
+      "%s_train.bin %lld tokens, %s_val.bin %lld tokens\n",
+      inputs.size(), static_cast<long long>(bytes), static_cast<long long>(n),
+      double(bytes) / double(n), output.c_str(), static_cast<long long>(n - n_val), output.c_str(),
+      static_cast<long long>(n_val));
   return 0;
 }

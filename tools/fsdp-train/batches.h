@@ -70,7 +70,8 @@ class BatchSampler {
     } else {
       is >> rng_;
     }
-    FSDP_CHECK(!is.fail(), "the checkpoint's data position is unreadable; it was not written by "
+    FSDP_CHECK(!is.fail(),
+               "the checkpoint's data position is unreadable; it was not written by "
                "fsdp-train");
   }
 
@@ -89,7 +90,8 @@ inline torch::Tensor batch_tokens(const TokenStream& data, const std::vector<int
                                   int64_t begin, int64_t count, int64_t seq_len) {
   auto out = torch::empty({count, seq_len + 1}, torch::kLong);
   int64_t* p = out.data_ptr<int64_t>();
-  for (int64_t i = 0; i < count; ++i) data.read(offsets[begin + i], seq_len + 1, p + i * (seq_len + 1));
+  for (int64_t i = 0; i < count; ++i)
+    data.read(offsets[begin + i], seq_len + 1, p + i * (seq_len + 1));
   return out;
 }
 
@@ -102,9 +104,9 @@ inline torch::Tensor batch_tokens(const TokenStream& data, const std::vector<int
 // window's B sequences, micro_batch at a time; one all_reduce sums the per-token losses. So the
 // number is the same for any world size, mesh or strategy, and for llm.c on the same file.
 template <class Model>
-double validation_loss(Model& model, LanguageModel& net, const TokenStream& val,
-                       int64_t windows, int64_t global_batch, int64_t seq_len,
-                       int64_t per_rank_batch, int64_t micro_batch, fsdp::Runtime& rt) {
+double validation_loss(Model& model, LanguageModel& net, const TokenStream& val, int64_t windows,
+                       int64_t global_batch, int64_t seq_len, int64_t per_rank_batch,
+                       int64_t micro_batch, fsdp::Runtime& rt) {
   torch::NoGradGuard no_grad;
   net.eval();
   const c10::Device device = rt.device();

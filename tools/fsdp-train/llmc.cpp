@@ -4,9 +4,8 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -104,7 +103,8 @@ LlmcModelHeader read_llmc_header(const std::string& flag, const std::string& pat
   struct stat st {};
   FSDP_CHECK(::stat(path.c_str(), &st) == 0, flag, " '", path, "' cannot be read (",
              std::strerror(errno), "); give an llm.c model file");
-  FSDP_CHECK(S_ISREG(st.st_mode), flag, " '", path, "' is not a regular file; give an llm.c "
+  FSDP_CHECK(S_ISREG(st.st_mode), flag, " '", path,
+             "' is not a regular file; give an llm.c "
              "model file");
   int32_t i[256];
   int64_t size = 0;
@@ -163,13 +163,13 @@ void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
   FSDP_CHECK(fd >= 0, "--init-from '", path, "': ", std::strerror(errno));
   void* base = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  FSDP_CHECK(base != MAP_FAILED, "--init-from '", path, "' cannot be mapped: ",
-             std::strerror(errno));
+  FSDP_CHECK(base != MAP_FAILED, "--init-from '", path,
+             "' cannot be mapped: ", std::strerror(errno));
   // The full state dict as views of the read-only map; load_state_dict copies each rank's part.
   torch::OrderedDict<std::string, torch::Tensor> dict;
   for (const auto& t : llmc_layout(h)) {
-    dict.insert(t.name, torch::from_blob(static_cast<char*>(base) + t.offset, t.shape,
-                                         torch::kFloat));
+    dict.insert(t.name,
+                torch::from_blob(static_cast<char*>(base) + t.offset, t.shape, torch::kFloat));
   }
   try {
     model.load_state_dict(dict);
@@ -180,8 +180,8 @@ void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
   ::munmap(base, static_cast<size_t>(bytes));
 }
 
-void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net,
-                 const ModelPreset& preset, const std::string& path) {
+void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net, const ModelPreset& preset,
+                 const std::string& path) {
   const LlmcModelHeader h = llmc_header_for(preset);
   auto guard = model.summon_full_params();  // collective
   if (model.runtime()->rank() != 0) return;
@@ -198,17 +198,17 @@ void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net,
         const int err = errno;
         ::close(fd);
         ::unlink(partial.c_str());
-        throw fsdp::Error(cat("--export-llmc: writing '", partial, "' failed: ",
-                              std::strerror(err)));
+        throw fsdp::Error(
+            cat("--export-llmc: writing '", partial, "' failed: ", std::strerror(err)));
       }
       p += w;
       n -= w;
       offset += w;
     }
   };
-  int32_t header[256] = {kLlmcModelMagic, kLlmcModelVersion, int32_t(h.max_t), int32_t(h.vocab),
-                         int32_t(h.layers), int32_t(h.heads), int32_t(h.channels),
-                         int32_t(h.padded_vocab)};
+  int32_t header[256] = {kLlmcModelMagic,     kLlmcModelVersion,      int32_t(h.max_t),
+                         int32_t(h.vocab),    int32_t(h.layers),      int32_t(h.heads),
+                         int32_t(h.channels), int32_t(h.padded_vocab)};
   write_at(header, sizeof(header), 0);
   for (const auto& t : llmc_layout(h)) {
     const torch::Tensor* p = params.find(t.name);
@@ -220,8 +220,10 @@ void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net,
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
-  FSDP_CHECK(synced && ::rename(partial.c_str(), path.c_str()) == 0, "--export-llmc: cannot "
-             "finish '", path, "': ", std::strerror(errno));
+  FSDP_CHECK(synced && ::rename(partial.c_str(), path.c_str()) == 0,
+             "--export-llmc: cannot "
+             "finish '",
+             path, "': ", std::strerror(errno));
 }
 
 }  // namespace fsdp_train

@@ -35,10 +35,10 @@ struct LlmcModelHeader {
 
 // One tensor of the file: where our parameter `name` lies (byte offset) and its shape.
 struct LlmcTensor {
-  std::string name;             // fsdp-train's name, e.g. "block3.qkv.weight"
-  int64_t offset = 0;           // bytes from the start of the file
-  std::vector<int64_t> shape;   // of this parameter (one layer's slice of a stacked tensor)
-  int64_t layer = -1;           // the slice of a stacked (L, ...) tensor; -1: not stacked
+  std::string name;            // fsdp-train's name, e.g. "block3.qkv.weight"
+  int64_t offset = 0;          // bytes from the start of the file
+  std::vector<int64_t> shape;  // of this parameter (one layer's slice of a stacked tensor)
+  int64_t layer = -1;          // the slice of a stacked (L, ...) tensor; -1: not stacked
   int64_t numel() const;
 };
 
@@ -67,7 +67,7 @@ void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
 
 // --export-llmc: gathers the full parameters (collective) and rank 0 writes `path` atomically
 // ("<path>.partial", then renamed). `net` is the module `model` shards.
-void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net,
-                 const ModelPreset& preset, const std::string& path);
+void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net, const ModelPreset& preset,
+                 const std::string& path);
 
 }  // namespace fsdp_train

@@ -20,10 +20,14 @@ using fsdp::detail::cat;
 
 const char* to_string(DataFormat f) {
   switch (f) {
-    case DataFormat::kAuto: return "auto";
-    case DataFormat::kBytes: return "bytes";
-    case DataFormat::kNanoGPT: return "nanogpt";
-    case DataFormat::kLlmc: return "llmc";
+    case DataFormat::kAuto:
+      return "auto";
+    case DataFormat::kBytes:
+      return "bytes";
+    case DataFormat::kNanoGPT:
+      return "nanogpt";
+    case DataFormat::kLlmc:
+      return "llmc";
   }
   return "?";
 }
@@ -32,8 +36,8 @@ DataFormat parse_data_format(const std::string& flag, const std::string& text) {
   std::string s = text;
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (DataFormat f : {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kNanoGPT,
-                       DataFormat::kLlmc}) {
+  for (DataFormat f :
+       {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kNanoGPT, DataFormat::kLlmc}) {
     if (s == to_string(f)) return f;
   }
   throw fsdp::Error(cat(flag, " '", text, "' is unknown; use auto, bytes, nanogpt or llmc"));
@@ -82,7 +86,8 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
   FSDP_CHECK(size > 0, flag, " '", path, "' is empty; give a file with data");
   int32_t header[3] = {0, 0, 0};
   const bool has_header_room = size >= kLlmcHeaderBytes;
-  if (size >= static_cast<int64_t>(sizeof(header))) pread_all(fd.fd, header, sizeof(header), 0, path);
+  if (size >= static_cast<int64_t>(sizeof(header)))
+    pread_all(fd.fd, header, sizeof(header), 0, path);
   const bool llmc_magic = header[0] == kLlmcTokensMagic;
 
   TokenFile f;
@@ -92,7 +97,8 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
       format = DataFormat::kLlmc;
     } else {
       FSDP_CHECK(!ends_with(path, ".bin"), flag, " '", path, "' has no llm.c header (magic ",
-                 header[0], ", expected ", kLlmcTokensMagic, "); if it holds raw uint16 "
+                 header[0], ", expected ", kLlmcTokensMagic,
+                 "); if it holds raw uint16 "
                  "tokens (nanoGPT) add --data-format nanogpt, for text --data-format bytes");
       format = DataFormat::kBytes;
     }
@@ -100,17 +106,22 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
   f.format = format;
   switch (format) {
     case DataFormat::kLlmc: {
-      FSDP_CHECK(has_header_room && llmc_magic, flag, " '", path, "' is not an llm.c token file: "
-                 "magic ", header[0], ", expected ", kLlmcTokensMagic,
-                 (has_header_room ? "" : cat(" (and ", size, " bytes is shorter than its 1024-byte "
-                                             "header)")),
+      FSDP_CHECK(has_header_room && llmc_magic, flag, " '", path,
+                 "' is not an llm.c token file: "
+                 "magic ",
+                 header[0], ", expected ", kLlmcTokensMagic,
+                 (has_header_room ? ""
+                                  : cat(" (and ", size,
+                                        " bytes is shorter than its 1024-byte "
+                                        "header)")),
                  "; for raw uint16 tokens use --data-format nanogpt");
       FSDP_CHECK(header[1] == kLlmcTokensVersion, flag, " '", path, "': llm.c token file version ",
-                 header[1], ", expected ", kLlmcTokensVersion, "; regenerate it with llm.c's "
+                 header[1], ", expected ", kLlmcTokensVersion,
+                 "; regenerate it with llm.c's "
                  "current dev/data scripts or fsdp-tokenize");
       const int64_t ntok = header[2];
-      FSDP_CHECK(ntok >= 0 && size == kLlmcHeaderBytes + 2 * ntok, flag, " '", path, "' is ",
-                 size, " bytes but its llm.c header says ", ntok, " tokens, which take ",
+      FSDP_CHECK(ntok >= 0 && size == kLlmcHeaderBytes + 2 * ntok, flag, " '", path, "' is ", size,
+                 " bytes but its llm.c header says ", ntok, " tokens, which take ",
                  kLlmcHeaderBytes + 2 * ntok, " bytes (1024 + 2 x ", ntok,
                  "); the file is truncated or not a token file");
       f.offset = kLlmcHeaderBytes;
@@ -120,7 +131,8 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
     case DataFormat::kNanoGPT:
       FSDP_CHECK(!llmc_magic, flag, " '", path, "' starts with llm.c's magic ", kLlmcTokensMagic,
                  "; read it with --data-format llmc (or auto)");
-      FSDP_CHECK(size % 2 == 0, flag, " '", path, "' is ", size, " bytes, an odd number, so it "
+      FSDP_CHECK(size % 2 == 0, flag, " '", path, "' is ", size,
+                 " bytes, an odd number, so it "
                  "is not raw uint16 tokens (nanoGPT); check --data-format");
       f.tokens = size / 2;
       break;
@@ -201,8 +213,8 @@ DataSource inspect_data(const std::string& flag, const std::string& spec, DataFo
     const int rc = ::glob(spec.c_str(), GLOB_ERR, nullptr, &g);
     for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
     ::globfree(&g);
-    FSDP_CHECK(rc == 0 || rc == GLOB_NOMATCH, flag, " '", spec,
-               "': the glob could not be read (", rc == GLOB_NOSPACE ? "out of memory" : "read error",
+    FSDP_CHECK(rc == 0 || rc == GLOB_NOMATCH, flag, " '", spec, "': the glob could not be read (",
+               rc == GLOB_NOSPACE ? "out of memory" : "read error",
                "); check the directory's permissions");
     FSDP_CHECK(!paths.empty(), flag, " '", spec, "' matches no file; check the path and pattern");
     std::sort(paths.begin(), paths.end());
@@ -247,8 +259,8 @@ TokenStream::TokenStream(const DataSource& data) {
     FSDP_CHECK(fd.fd >= 0, "cannot open '", f.path, "': ", std::strerror(errno));
     m.length = static_cast<size_t>(f.offset + f.tokens * f.token_bytes());
     void* p = ::mmap(nullptr, m.length, PROT_READ, MAP_SHARED, fd.fd, 0);
-    FSDP_CHECK(p != MAP_FAILED, "cannot map '", f.path, "' (", m.length, " bytes): ",
-               std::strerror(errno));
+    FSDP_CHECK(p != MAP_FAILED, "cannot map '", f.path, "' (", m.length,
+               " bytes): ", std::strerror(errno));
     ::madvise(p, m.length, MADV_RANDOM);  // windows are drawn at random: no read-ahead
     m.base = static_cast<const unsigned char*>(p);
     total_ += f.tokens;

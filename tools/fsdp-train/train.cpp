@@ -157,8 +157,9 @@ std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
   return cat("model ", p.preset.name, freeze, " steps ", o.steps, " global-batch ", o.global_batch,
              " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " ",
              o.lr_schedule, " warmup ", o.warmup_steps, " clip ", o.clip_grad, " adamw ", o.beta1,
-             " ", o.beta2, " ", o.adam_eps, " ", o.weight_decay, " seed ", o.seed, " order ", o.data_order, " dropout ",
-             p.preset.dropout, " data ", p.data.tokens, " ", to_string(p.data.format),
+             " ", o.beta2, " ", o.adam_eps, " ", o.weight_decay, " seed ", o.seed, " order ",
+             o.data_order, " dropout ", p.preset.dropout, " data ", p.data.tokens, " ",
+             to_string(p.data.format),
              " tokens val ", p.val.tokens, " x ", o.eval_batches, " every ", o.eval_every,
              " init ", o.init_from, "; ", p.strategy.describe());
 }
@@ -204,7 +205,8 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
 // Rank 0 returns `n` bytes sampled from the model after `prompt` (every rank runs the forwards:
 // they are collective). Deterministic for --seed: rank 0 draws, the world receives its choice.
 template <class Model>
-std::string sample_text(Model& model, LanguageModel& net, const TrainOptions& o, const ModelPreset& preset,
+std::string sample_text(Model& model, LanguageModel& net, const TrainOptions& o,
+                        const ModelPreset& preset,
                         fsdp::Runtime& rt) {
   torch::NoGradGuard no_grad;
   net.eval();
@@ -259,7 +261,8 @@ std::string printable(std::string s) {
 }
 
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
-                   const ValLosses& val, const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt,
+                   const ValLosses& val, const fsdp::TopologyReport& report, double total_s,
+                   const CheckpointLog& ckpt,
                    const std::string& backend, const std::string& heap) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
