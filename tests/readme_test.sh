@@ -17,7 +17,8 @@
 # Commands run in order, in a scratch copy of the repository root (its top-level entries linked,
 # `build` pointing at BUILD_DIR, HOME a scratch directory), each with a time limit. fsdp-train
 # training commands get `--model tiny --steps 3 --seq-len 16` appended (the last value of a flag
-# wins), so they take seconds; dry runs and --help run as written.
+# wins; GPT-2 commands, `--model gpt2`, keep their model and get `--layers 2 --d-model 32 --heads 2
+# --steps 3 --seq-len 16`), so they take seconds; dry runs and --help run as written.
 # A failure names README.md's line, the block and the command.
 set -eu
 mode=$1
@@ -124,6 +125,7 @@ run_command() {  # $1: README line, $2: command
   cmd=$(printf '%s' "$2" | sed -e 's/[[:space:]]#.*$//' -e 's/[[:space:]]*$//')
   case "$cmd" in
     *fsdp-train*--dry-run* | *fsdp-train*--help* | *"|"* | *"&&"* | *";"*) ;;
+    *fsdp-train*--model\ gpt2*) cmd="$cmd --layers 2 --d-model 32 --heads 2 --steps 3 --seq-len 16" ;;
     *fsdp-train*) cmd="$cmd --model tiny --steps 3 --seq-len 16" ;;
   esac
   echo "RUN  README.md:$1: $cmd"

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "fsdp/checkpoint.h"
 #include "fsdp/deferred_init.h"
 #include "fsdp/error.h"
 #include "fsdp/report.h"
@@ -383,6 +384,29 @@ TEST(DeferredInit, UnitsBuiltOutsideTheScopeAreEager) {
     auto net = std::make_shared<NetImpl>();
     EXPECT_EQ(init.stats().units, 0);
     EXPECT_NO_THROW(net->forward(torch::zeros({1, kSeq}, torch::kLong)));
+  });
+}
+
+// Pretrained weights into a deferred model: a .safetensors file is read as this rank's byte
+// ranges and loads; a .pt file (read whole on every rank) is refused, saying to convert it.
+TEST(DeferredInit, ImportsSafetensorsAndRefusesPt) {
+  TempDir dir;
+  run_ranks(2, [&](Runtime& rt) {
+    auto source = shard(build_seeded(11, {}), FSDPStrategy(), borrow(rt));
+    export_full_checkpoint(source, dir.file("w.safetensors"));
+    export_full_checkpoint(source, dir.file("w.pt"));
+    DeferredInit init(FSDPStrategy().sharding_strategy("hybrid_shard").device_mesh({1, 2}),
+                      borrow(rt));
+    auto model = shard(build_seeded(12, {}), init);
+    import_full_checkpoint(model, dir.file("w.safetensors"));
+    expect_bit_identical(source.state_dict(), model.state_dict(), "imported");
+    try {
+      import_full_checkpoint(model, dir.file("w.pt"));
+      ADD_FAILURE() << "a .pt import into a deferred model was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("convert it to .safetensors"), std::string::npos)
+          << e.what();
+    }
   });
 }
 

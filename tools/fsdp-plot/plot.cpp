@@ -35,6 +35,8 @@ LossCurve read_metrics(const std::string& path) {
       throw fsdp::Error(cat(path, " line ", n, " is not JSON (", e.what(),
                             "); give files written by fsdp-train --metrics"));
     }
+    // fsdp-train --val-data lines ({"step", "val_loss"}) are not training steps.
+    if (j.is_object() && j.contains("val_loss") && !j.contains("loss")) continue;
     FSDP_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
                    j.contains("loss") && j["loss"].is_number(),
                path, " line ", n,

@@ -16,9 +16,10 @@ struct LossCurve {
   std::vector<double> losses;
 };
 
-// Reads the "step" and "loss" of every line of a JSON Lines metrics file (fsdp-train --metrics).
-// Throws fsdp::Error naming the file and line of anything that is not such an object, or for a
-// file without steps. The label is the file's base name.
+// Reads the "step" and "loss" of every line of a JSON Lines metrics file (fsdp-train --metrics),
+// skipping its validation lines ({"step", "val_loss"}). Throws fsdp::Error naming the file and
+// line of anything else that is not such an object, or for a file without steps. The label is
+// the file's base name.
 LossCurve read_metrics(const std::string& path);
 
 // gnuplot's path in PATH, or "" if it is not installed.

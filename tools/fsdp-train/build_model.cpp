@@ -11,6 +11,7 @@
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
 #include "fsdp/report.h"
+#include "llmc.h"
 
 namespace fsdp_train {
 
@@ -53,7 +54,7 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
   std::optional<fsdp::DeferredInit> init;
   if (p.deferred_init) init.emplace(p.strategy, runtime);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
-  auto net = std::make_shared<GPTImpl>(p.preset, o.freeze);
+  auto net = make_model(p.preset, o.freeze);
   for (const auto& q : net->parameters()) info->params += q.numel();
   freeze_parameters(*net, o.freeze);  // the root's; each block froze its own
   Model model = init ? fsdp::shard(net, *init) : fsdp::shard(net, p.strategy, runtime);
@@ -65,7 +66,9 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
   }
   if (!o.init_from.empty()) {
     const auto t = std::chrono::steady_clock::now();
-    if (is_directory(o.init_from)) {
+    if (init_from_llmc_file(o.init_from)) {
+      init_from_llmc(model, p.preset, o.init_from);  // every rank reads the whole file
+    } else if (is_directory(o.init_from)) {
       fsdp::CheckpointOptions weights_only;
       weights_only.rng = false;  // a new run: its own seed draws, not the old run's
       fsdp::load_checkpoint(o.init_from, model, /*optimizer=*/nullptr, /*state=*/nullptr,

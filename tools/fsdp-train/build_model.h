@@ -9,12 +9,12 @@
 
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"
-#include "gpt.h"
+#include "gpt2.h"
 #include "options.h"
 
 namespace fsdp_train {
 
-using Model = fsdp::ShardedModule<GPTImpl>;
+using Model = fsdp::ShardedModule<LanguageModel>;
 
 // What construction did on this rank, for the banner and the summary.
 struct Construction {
@@ -31,9 +31,9 @@ struct Construction {
   std::string describe() const;
 };
 
-// Builds the GPT with --seed (and --freeze), shards it with plan.strategy on `runtime`, and loads
-// --init-from (a full checkpoint file, weights only, or a sharded checkpoint directory, weights
-// only). Collective: every rank calls it.
+// Builds --model with --seed (and --freeze), shards it with plan.strategy on `runtime`, and loads
+// --init-from, weights only: an llm.c model file, a full checkpoint file or a sharded checkpoint
+// directory. Collective: every rank calls it.
 Model build_model(const TrainOptions& o, const TrainPlan& plan,
                   const std::shared_ptr<fsdp::Runtime>& runtime, Construction* info);
 

@@ -20,6 +20,13 @@
 
 namespace fsdp_train {
 
+// What fsdp-train trains: token ids [B, T] (int64) -> logits [B, T, vocab] over the real
+// vocabulary. The byte GPT below and GPT-2 (gpt2.h) both are one; fsdp::shard takes the base.
+struct LanguageModel : torch::nn::Module {
+  virtual torch::Tensor forward(torch::Tensor tokens) = 0;
+};
+
+
 // --freeze: whether `name` matches one of `patterns` (shell globs: * ? [...]).
 inline bool matches_any(const std::vector<std::string>& patterns, const std::string& name) {
   for (const auto& g : patterns) {
@@ -106,7 +113,7 @@ struct BlockImpl : torch::nn::Module {
 // bytes [B, T] (int64) -> logits [B, T, 256]
 // `freeze`: --freeze's globs, applied by each block to itself (the root's parameters are frozen
 // by freeze_parameters after construction).
-struct GPTImpl : torch::nn::Module {
+struct GPTImpl : LanguageModel {
   explicit GPTImpl(const ModelPreset& c, const std::vector<std::string>& freeze = {}) {
     tok = register_module("tok_emb", torch::nn::Embedding(kVocab, c.d_model));
     pos = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
@@ -120,7 +127,7 @@ struct GPTImpl : torch::nn::Module {
     init_gpt2_style(*this, c.n_layers, /*skip=*/"block");  // the blocks did their own
   }
 
-  torch::Tensor forward(torch::Tensor tokens) {
+  torch::Tensor forward(torch::Tensor tokens) override {
     const int64_t T = tokens.size(1);
     auto positions =
         torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));

@@ -24,7 +24,7 @@ std::vector<MemoryAccount::Part> MemoryAccount::parts() const {
       {"process base", base_.rss_anon, "RssAnon before the model: libtorch, Gloo, threads, data"},
       {"sharded state", state, "parameter and gradient shards, optimizer state"},
       {"engine buffers", engine_.pool_mapped_bytes,
-       "gathered parameters, unsharded gradients, reduce outputs (mapped, reused each step)"},
+       "gathered parameters and unsharded gradients (mapped, reused each step)"},
       {"activations", std::max<int64_t>(0, live - state),
        "the rest of malloc's live heap: saved activations, temporaries"},
       {"allocator slack", std::max<int64_t>(0, at_.heap_free - base_.heap_free),

@@ -19,6 +19,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/report.h"
+#include "llmc.h"
 #include "plot.h"
 
 namespace fsdp_train {
@@ -30,6 +31,7 @@ const std::vector<ModelPreset>& model_presets() {
       {"tiny", 64, 2, 4, 64},
       {"small", 256, 4, 4, 256},
       {"medium", 512, 8, 8, 512},
+      {"gpt2", 768, 12, 12, 1024, 0, kGpt2Vocab, kGpt2PaddedVocab, true},
   };
   return presets;
 }
@@ -72,7 +74,11 @@ std::string preset_help() {
   const auto& p = model_presets();
   for (size_t i = 0; i < p.size(); ++i) {
     s += cat(i ? "; " : "", p[i].name, " (d ", p[i].d_model, ", ", p[i].n_layers, " blocks, ",
-             p[i].n_heads, " heads, context ", p[i].context, ")");
+             p[i].n_heads, " heads, context ", p[i].context,
+             p[i].gpt2 ? cat(", GPT-2: vocabulary ", p[i].vocab, " padded to ", p[i].padded_vocab,
+                             ", tied head")
+                       : std::string(", bytes"),
+             ")");
   }
   return s;
 }
@@ -137,6 +143,19 @@ void check_checkpoint_dir(const std::string& dir) {
              "'; create it first");
 }
 
+}  // namespace
+
+bool init_from_llmc_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return false;
+  auto ends = [&](const std::string& ext) {
+    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  };
+  return !ends(".safetensors") && !ends(".pt");
+}
+
+namespace {
+
 // --init-from: a readable .safetensors / .pt file, or a sharded checkpoint directory (one with a
 // meta.json). What is inside is checked when it loads, on every rank.
 void check_init_from(const std::string& path) {
@@ -160,46 +179,46 @@ void check_init_from(const std::string& path) {
              std::strerror(errno), "); check its permissions");
 }
 
-// Size of a readable regular file, or an error naming the flag, the path and the reason.
-int64_t readable_size(const std::string& what, const std::string& path) {
-  struct stat st {};
-  FSDP_CHECK(::stat(path.c_str(), &st) == 0, what, " '", path, "' cannot be read (",
-             std::strerror(errno), "); give an existing text file");
-  FSDP_CHECK(S_ISREG(st.st_mode), what, " '", path, "' is not a regular file; give a text file");
-  FSDP_CHECK(::access(path.c_str(), R_OK) == 0, what, " '", path, "' cannot be read (",
-             std::strerror(errno), "); check its permissions");
-  return static_cast<int64_t>(st.st_size);
-}
-
-DataSource resolve_data(const TrainOptions& o) {
-  DataSource d;
+// --data (or the default corpus) and --val-data, inspected and checked against the model: every
+// file read once here, before anything starts (NOTE [token files] in token_data.h).
+void resolve_data(const TrainOptions& o, TrainPlan& p) {
+  const DataFormat format = parse_data_format("--data-format", o.data_format);
   const int64_t need = o.seq_len + 1;  // one sequence and its shifted targets
+  const std::string one_window = cat("tokens one sequence needs (--seq-len ", o.seq_len, " + 1)");
   if (!o.data.empty()) {
-    d.files = {o.data};
-    d.bytes = readable_size("--data", o.data);
-    d.label = o.data;
-    FSDP_CHECK(d.bytes > 0, "--data '", o.data, "' is empty; give a text file of at least ", need,
-               " bytes (--seq-len ", o.seq_len, " + 1)");
-    FSDP_CHECK(d.bytes >= need, "--data '", o.data, "' has ", d.bytes, " bytes, fewer than the ",
-               need, " one sequence needs (--seq-len ", o.seq_len,
-               " + 1); use a longer file or a smaller --seq-len");
-    return d;
+    p.data = inspect_data("--data", o.data, format);
+  } else {
+    FSDP_CHECK(format == DataFormat::kAuto || format == DataFormat::kBytes, "--data-format ",
+               o.data_format, " needs --data FILE; the default corpus is text (bytes)");
+    std::vector<std::string> paths;
+    for (const auto& name : default_corpus_files()) {
+      const std::string path = cat(kCorpusDir, "/", name);
+      struct stat st {};
+      FSDP_CHECK(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode),
+                 "the default corpus needs ", path,
+                 " (Debian package base-files), which is missing on this machine; pass --data "
+                 "FILE with any text file");
+      paths.push_back(path);
+    }
+    p.data = inspect_text_files(
+        paths, cat("default corpus, ", paths.size(), " license texts in ", kCorpusDir));
   }
-  for (const auto& name : default_corpus_files()) {
-    const std::string path = cat(kCorpusDir, "/", name);
-    struct stat st {};
-    FSDP_CHECK(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), "the default corpus needs ",
-               path,
-               " (Debian package base-files), which is "
-               "missing on this machine; pass --data FILE with any text file");
-    d.files.push_back(path);
-    d.bytes += static_cast<int64_t>(st.st_size);
+  if (o.data_order == "sequential") {
+    check_data_fits("--data", p.data, o.global_batch * o.seq_len + 1,
+                    cat("tokens one window of --data-order sequential needs (--global-batch ",
+                        o.global_batch, " x --seq-len ", o.seq_len, " + 1)"),
+                    p.preset.vocab, p.preset.name);
+  } else {
+    check_data_fits("--data", p.data, need, one_window, p.preset.vocab, p.preset.name);
   }
-  d.label = cat("default corpus, ", d.files.size(), " license texts in ", kCorpusDir);
-  FSDP_CHECK(d.bytes >= need, "the default corpus has only ", d.bytes,
-             " bytes, fewer than --seq-len ", o.seq_len,
-             " + 1; pass --data FILE or a smaller --seq-len");
-  return d;
+  if (!o.val_data.empty()) {
+    p.val = inspect_data("--val-data", o.val_data, format);
+    const int64_t window = o.global_batch * o.seq_len;
+    check_data_fits("--val-data", p.val, o.eval_batches * window + 1,
+                    cat("tokens --eval-batches ", o.eval_batches, " windows of --global-batch ",
+                        o.global_batch, " x --seq-len ", o.seq_len, " (+1) need"),
+                    p.preset.vocab, p.preset.name);
+  }
 }
 
 // CLI11 2.1 converts integers with strtoll, which clamps what does not fit to INT64_MAX
@@ -245,7 +264,7 @@ void check_batch_fits(const TrainOptions& o, const TrainPlan& p) {
   const double need = 4 * tokens * (8 * d) * double(p.preset.n_layers) +
                       4 * double(p.micro_batch) * double(p.preset.n_heads) * T * T *
                           double(p.preset.n_layers) +
-                      4 * tokens * double(kVocab) * 2 + 8 * double(o.global_batch);
+                      4 * tokens * double(p.preset.vocab) * 2 + 8 * double(o.global_batch);
   FSDP_CHECK(need <= per_rank, "--global-batch ", o.global_batch, " needs at least ",
              fsdp::format_bytes(need), " per rank (", p.micro_batch, " sequences of ", o.seq_len,
              " bytes per micro-step, model ", p.preset.name, "), more than this node's ",
@@ -323,16 +342,39 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "both give the same values")
       ->group(model);
   app.add_option("--init-from", o.init_from,
-                 "start from these weights (optimizer fresh): a full checkpoint (.safetensors "
-                 "read as this rank's byte ranges, or .pt) or a sharded checkpoint directory, "
-                 "from any mesh; --resume wins when it finds a checkpoint")
+                 "start from these weights (optimizer fresh): an llm.c model file (--model "
+                 "gpt2 of its shape), a full checkpoint (.safetensors read as this rank's byte "
+                 "ranges, or .pt) or a sharded checkpoint directory, from any mesh; --resume "
+                 "wins when it finds a checkpoint")
       ->type_name("PATH")
       ->group(model);
   app.add_option("--data", o.data,
-                 cat("training text, read as bytes (vocabulary 256); empty = the default "
-                     "corpus, license texts from ",
+                 cat("training data: a file or a glob of shards (quote it), llm.c or nanoGPT "
+                     "uint16 token files or text read as bytes (--data-format); empty = the "
+                     "default corpus, license texts from ",
                      kCorpusDir))
       ->type_name("FILE")
+      ->group(model);
+  app.add_option("--data-format", o.data_format,
+                 "auto (llm.c token files by their header, other files as bytes; a .bin without "
+                 "the header is refused) | llmc | nanogpt (raw uint16 tokens) | bytes (text)")
+      ->group(model);
+  app.add_option("--data-order", o.data_order,
+                 "random (every step draws global-batch windows at random offsets, from --seed) | "
+                 "sequential (llm.c's loader: step s reads the s-th run of global-batch x seq-len "
+                 "+ 1 tokens, wrapping around)")
+      ->group(model);
+  app.add_option("--val-data", o.val_data,
+                 "validation tokens, same format as --data: the mean loss over the first "
+                 "--eval-batches windows of global-batch x seq-len + 1 tokens (llm.c's "
+                 "convention) at step 0, every --eval-every steps and at the end")
+      ->type_name("FILE")
+      ->group(model);
+  app.add_option("--eval-every", o.eval_every,
+                 "with --val-data: steps between validations; 0 = only at step 0 and the end")
+      ->group(model);
+  app.add_option("--eval-batches", o.eval_batches,
+                 "with --val-data: windows of global-batch x seq-len + 1 tokens per validation")
       ->group(model);
 
   const char* optim = "Optimisation";
@@ -351,6 +393,15 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--warmup-steps", o.warmup_steps, "steps of linear learning-rate warm-up")
       ->group(optim);
   app.add_option("--clip-grad", o.clip_grad, "clip the global gradient L2 norm to this; 0 = off")
+      ->group(optim);
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "cosine (decay to 10% of --lr at the last step) | constant (llm.c's), both after "
+                 "--warmup-steps")
+      ->group(optim);
+  app.add_option("--beta1", o.beta1, "AdamW's beta1")->group(optim);
+  app.add_option("--beta2", o.beta2, "AdamW's beta2 (llm.c: 0.999)")->group(optim);
+  app.add_option("--adam-eps", o.adam_eps, "AdamW's epsilon")->group(optim);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay (llm.c: 0)")
       ->group(optim);
   app.add_option("--seed", o.seed,
                  "seeds model init and batch sampling: the same seed gives the same batches and "
@@ -389,6 +440,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--export-full", o.export_full,
                  "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
                  "it) or FILE.safetensors, streamed one unit at a time")
+      ->type_name("FILE")
+      ->group(ckpt);
+  app.add_option("--export-llmc", o.export_llmc,
+                 "at the end, write the weights as an llm.c model file (fp32, version 3; --model "
+                 "gpt2), which llm.c and --init-from read")
       ->type_name("FILE")
       ->group(ckpt);
   app.add_option("--sample", o.sample,
@@ -493,7 +549,6 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(init == "deferred" || init == "eager", "--init '", o.init,
              "' is unknown; use deferred or eager");
   p.deferred_init = init == "deferred";
-  if (!o.init_from.empty()) check_init_from(o.init_from);
   try {
     p.heap = fsdp::parse_heap_policy(o.heap);
   } catch (const fsdp::Error& e) {
@@ -590,25 +645,39 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(std::isfinite(o.temperature) && o.temperature >= 0 && o.temperature <= 100,
              "--temperature ", o.temperature, " is invalid; use 0 (greedy) to 100, e.g. 0.8");
   FSDP_CHECK(o.sample == 0 || !o.prompt.empty(), "--prompt is empty; give at least one byte");
-  p.data = resolve_data(o);
-  return p;
-}
-
-std::string read_corpus(const DataSource& data) {
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(data.bytes));
-  for (const auto& path : data.files) {
-    std::ifstream in(path, std::ios::binary);
-    FSDP_CHECK(in, "cannot open '", path, "': ", std::strerror(errno));
-    std::ostringstream os;
-    os << in.rdbuf();
-    bytes += os.str();
+  FSDP_CHECK(o.eval_every >= 0, "--eval-every ", o.eval_every,
+             " is invalid; use 0 (step 0 and the end only) or more");
+  FSDP_CHECK(o.eval_batches >= 1, "--eval-batches ", o.eval_batches, " is invalid; use 1 or more");
+  FSDP_CHECK(o.eval_every == 0 || !o.val_data.empty(), "--eval-every ",
+             o.eval_every, " needs --val-data FILE; add it");
+  FSDP_CHECK(o.data_order == "random" || o.data_order == "sequential", "--data-order '",
+             o.data_order, "' is unknown; use random or sequential");
+  FSDP_CHECK(o.lr_schedule == "cosine" || o.lr_schedule == "constant", "--lr-schedule '",
+             o.lr_schedule, "' is unknown; use cosine or constant");
+  FSDP_CHECK(std::isfinite(o.beta1) && o.beta1 >= 0 && o.beta1 < 1, "--beta1 ", o.beta1,
+             " is invalid; use a value in [0, 1), e.g. 0.9");
+  FSDP_CHECK(std::isfinite(o.beta2) && o.beta2 >= 0 && o.beta2 < 1, "--beta2 ", o.beta2,
+             " is invalid; use a value in [0, 1), e.g. 0.999");
+  FSDP_CHECK(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps ", o.adam_eps,
+             " is invalid; use a small positive value, e.g. 1e-8");
+  FSDP_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay ",
+             o.weight_decay, " is invalid; use 0 or more");
+  const bool token_data = lower(o.data_format) == "llmc" || lower(o.data_format) == "nanogpt";
+  if (!o.init_from.empty() && init_from_llmc_file(o.init_from)) {
+    FSDP_CHECK(p.preset.gpt2, "--init-from reads llm.c's GPT-2 model files; add --model gpt2 "
+               "(with the file's --layers, --d-model and --heads)");
+    check_llmc_model_file("--init-from", o.init_from, p.preset);
+  } else if (!o.init_from.empty()) {
+    check_init_from(o.init_from);
   }
-  FSDP_CHECK(static_cast<int64_t>(bytes.size()) == data.bytes,
-             "training data changed while "
-             "starting: expected ",
-             data.bytes, " bytes from ", data.label, ", read ", bytes.size());
-  return bytes;
+  if (!o.export_llmc.empty()) {
+    FSDP_CHECK(p.preset.gpt2, "--export-llmc writes llm.c's GPT-2 model file; add --model gpt2");
+    check_output_path("--export-llmc", o.export_llmc);
+  }
+  resolve_data(o, p);
+  FSDP_CHECK(o.sample == 0 || (!token_data && p.data.format == DataFormat::kBytes), "--sample "
+             "prints bytes, but --data '", p.data.label, "' holds tokens; drop --sample");
+  return p;
 }
 
 }  // namespace fsdp_train

@@ -11,6 +11,7 @@
 #include "fsdp/launcher.h"
 #include "fsdp/runtime.h"
 #include "fsdp/strategy.h"
+#include "token_data.h"
 
 namespace CLI {
 class App;
@@ -18,8 +19,8 @@ class App;
 
 namespace fsdp_train {
 
-// A GPT shape. Parameters: about 12 d^2 per block plus (256 + context) d embeddings and a 256 x d
-// head.
+// A GPT shape. Parameters: about 12 d^2 per block plus (vocab + context) d embeddings, and for
+// the byte models a vocab x d head (GPT-2 ties it to the token embedding).
 struct ModelPreset {
   std::string name;
   int64_t d_model = 0;
@@ -27,12 +28,18 @@ struct ModelPreset {
   int64_t n_heads = 0;
   int64_t context = 0;  // position embeddings: the longest --seq-len
   double dropout = 0;   // --dropout: probability on each block's attention and MLP outputs
+  int64_t vocab = 256;         // token ids 0 .. vocab-1 (logits and loss cover these)
+  int64_t padded_vocab = 256;  // rows of the token embedding (GPT-2: 50304, rows >= vocab zero)
+  bool gpt2 = false;           // GPT-2's architecture (gpt2.h) rather than the byte GPT (gpt.h)
 };
-// tiny (~0.1 M parameters, for tests), small (~3.4 M, the demo), medium (~25 M, benchmarks).
+// tiny (~0.1 M parameters, for tests), small (~3.4 M, the demo), medium (~25 M, benchmarks):
+// byte GPTs; gpt2: GPT-2 124M exactly as GPT-2 and llm.c build it.
 const std::vector<ModelPreset>& model_presets();
 
 // Byte-level vocabulary: every byte value is a token.
 constexpr int64_t kVocab = 256;
+// GPT-2's vocabulary, and llm.c's padding of it to a multiple of 128.
+constexpr int64_t kGpt2Vocab = 50257, kGpt2PaddedVocab = 50304;
 
 // fsdp-train's launch defaults: LaunchOptions' own, with messages naming fsdp-train's flags.
 inline fsdp::LaunchOptions default_launch_options() {
@@ -57,11 +64,16 @@ struct TrainOptions {
   std::string model = "small";
   // Explicit shape, overriding the preset's (0 = the preset's): any size can be asked for.
   int64_t layers = 0, d_model = 0, heads = 0;
-  std::string data;  // empty: the default corpus
+  std::string data;  // file or glob; empty: the default corpus
+  std::string data_format = "auto";  // auto | bytes | nanogpt | llmc (token_data.h)
+  std::string data_order = "random";  // random | sequential (llm.c's loader): batches.h
+  std::string val_data;              // file or glob; empty: no validation
+  int64_t eval_every = 0;            // steps between validations (also step 0 and the end)
+  int64_t eval_batches = 5;          // K windows of global-batch x seq-len + 1 tokens
   double dropout = 0;
   std::vector<std::string> freeze;  // globs of parameter names trained frozen (requires_grad false)
   std::string init = "deferred";  // deferred: blocks shard as they are built | eager
-  std::string init_from;          // weights to start from: .safetensors/.pt file or checkpoint dir
+  std::string init_from;  // weights to start from: llm.c model.bin, .safetensors/.pt, checkpoint dir
   // Optimisation.
   int64_t steps = 100;
   int64_t global_batch = 8;
@@ -70,6 +82,8 @@ struct TrainOptions {
   double lr = 1e-3;
   int64_t warmup_steps = 10;
   double clip_grad = 1.0;
+  std::string lr_schedule = "cosine";  // cosine | constant (after warm-up)
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, weight_decay = 0.01;  // AdamW
   int64_t seed = 1234;
   // Runtime (threads: launch.threads).
   double timeout = 300;
@@ -80,6 +94,7 @@ struct TrainOptions {
   bool resume = false;          // continue from the latest complete checkpoint in checkpoint_dir
   int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
+  std::string export_llmc;      // llm.c model.bin written at the end (--model gpt2)
   // Sampling from the trained model.
   int64_t sample = 0;           // bytes to sample at the end; 0 = none
   std::string prompt = "The ";
@@ -94,13 +109,6 @@ struct TrainOptions {
 
 // Declares every flag of `o` on `app`, with its current value as the default shown by --help.
 void add_flags(CLI::App& app, TrainOptions& o);
-
-// Where the training text comes from.
-struct DataSource {
-  std::vector<std::string> files;  // concatenated in this order
-  int64_t bytes = 0;
-  std::string label;  // for people: the --data path, or "default corpus (...)"
-};
 
 // The default corpus: license texts every Debian system has (package base-files, Essential),
 // chosen among those that are byte-identical in Debian 12 and 13 and concatenated in a fixed
@@ -122,13 +130,15 @@ struct TrainPlan {
   fsdp::HeapPolicy heap = fsdp::HeapPolicy::kRetain;
   bool deferred_init = true;  // --init deferred
   DataSource data;
+  DataSource val;  // empty files: no --val-data
 };
+
+// --init-from: whether `path` is read as an llm.c model file (anything but a directory, a
+// .safetensors or a .pt file, which are fsdp checkpoints).
+bool init_from_llmc_file(const std::string& path);
 
 // Throws fsdp::Error with one line naming the flag, its value, the rule and a fix, for the first
 // invalid flag. Reads only file metadata; starts nothing.
 TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local_world_size);
-
-// The concatenated bytes of `data`. Throws fsdp::Error if a file cannot be read.
-std::string read_corpus(const DataSource& data);
 
 }  // namespace fsdp_train

@@ -21,10 +21,13 @@
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"
+#include "batches.h"
 #include "build_model.h"
+#include "gpt2.h"
+#include "llmc.h"
 #include "memory_account.h"
-#include "gpt.h"
 #include "plot.h"
+#include "token_data.h"
 
 namespace fsdp_train {
 
@@ -35,12 +38,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-int64_t count_params(torch::nn::Module& m) {
-  int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
 }
 
 std::string clock_time(double s) {
@@ -66,61 +63,15 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
-// Linear warm-up to the peak over warmup_steps, then cosine decay to 10% of it at the last step.
+// Linear warm-up to the peak over warmup_steps, then constant (--lr-schedule constant) or cosine
+// decay to 10% of it at the last step.
 double lr_at(const TrainOptions& o, int64_t step) {
   if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
+  if (o.lr_schedule == "constant") return o.lr;
   const int64_t decay_steps = o.steps - o.warmup_steps;
   if (decay_steps <= 1) return o.lr;
   const double t = double(step - o.warmup_steps) / double(decay_steps - 1);
   return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t)));
-}
-
-// NOTE [batch sampling]
-// Every rank draws the whole global batch of every step from one RNG seeded by --seed alone and
-// keeps its contiguous slice: rank r takes sequences [r*B, (r+1)*B) of the G drawn (B = G/W), and
-// micro-step k of --grad-accum K takes [k*B/K, (k+1)*B/K) of those. The global batch, hence the
-// mean loss and the gradient, is the same for every world size, mesh and strategy. mt19937_64's
-// output is fixed by the C++ standard (unlike std::uniform_int_distribution), so it is the same
-// on every machine too.
-class BatchSampler {
- public:
-  BatchSampler(int64_t seed, int64_t data_bytes, int64_t seq_len, int64_t global_batch)
-      : rng_(static_cast<uint64_t>(seed) ^ 0x9e3779b97f4a7c15ULL),
-        starts_(data_bytes - seq_len),
-        global_batch_(global_batch) {}
-  // Start offsets of the next step's global batch: each sequence is data[o, o + seq_len] inclusive
-  // (inputs and their shifted targets).
-  std::vector<int64_t> next() {
-    std::vector<int64_t> offsets(global_batch_);
-    for (auto& o : offsets) o = static_cast<int64_t>(rng_() % static_cast<uint64_t>(starts_));
-    return offsets;
-  }
-  // The data position, as text for a checkpoint (mt19937_64's state; the standard fixes its form).
-  std::string state() const {
-    std::ostringstream os;
-    os << rng_;
-    return os.str();
-  }
-  void restore(const std::string& text) {
-    std::istringstream is(text);
-    is >> rng_;
-    FSDP_CHECK(!is.fail(), "the checkpoint's data position is unreadable; it was not written by "
-               "fsdp-train");
-  }
-
- private:
-  std::mt19937_64 rng_;
-  int64_t starts_;
-  int64_t global_batch_;
-};
-
-// tokens [count, seq_len + 1] (int64) of the sequences offsets[begin, begin + count).
-torch::Tensor batch_tokens(const torch::Tensor& data, const std::vector<int64_t>& offsets,
-                           int64_t begin, int64_t count, int64_t seq_len) {
-  auto starts = torch::tensor(
-      std::vector<int64_t>(offsets.begin() + begin, offsets.begin() + begin + count), torch::kLong);
-  auto index = starts.unsqueeze(1) + torch::arange(seq_len + 1, torch::kLong).unsqueeze(0);
-  return data.index({index}).to(torch::kLong);
 }
 
 fsdp::ReportOptions report_options(const TrainOptions& o, const TrainPlan& p) {
@@ -140,12 +91,19 @@ class Progress {
  public:
   Progress(int64_t steps, bool enabled) : steps_(steps), enabled_(enabled), tty_(::isatty(2)) {}
 
+  // The latest validation loss, shown from now on.
+  void validation(double loss) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "  val %.4f", loss);
+    val_ = buf;
+  }
+
   void update(int64_t step, double loss, double tokens_per_s, double elapsed_s) {
     if (!enabled_) return;
     const double eta = elapsed_s / double(step) * double(steps_ - step);
-    char stats[160];
-    std::snprintf(stats, sizeof(stats), "step %lld/%lld  loss %.4f  %s tokens/s  ETA %s",
-                  static_cast<long long>(step), static_cast<long long>(steps_), loss,
+    char stats[192];
+    std::snprintf(stats, sizeof(stats), "step %lld/%lld  loss %.4f%s  %s tokens/s  ETA %s",
+                  static_cast<long long>(step), static_cast<long long>(steps_), loss, val_.c_str(),
                   fsdp::format_count(tokens_per_s).c_str(), clock_time(eta).c_str());
     if (tty_) {
       constexpr int64_t kWidth = 24;
@@ -164,7 +122,11 @@ class Progress {
   int64_t steps_;
   bool enabled_;
   bool tty_;
+  std::string val_;
 };
+
+// --val-data results: (step, loss), step 0 being before any update.
+using ValLosses = std::vector<std::pair<int64_t, double>>;
 
 // What every rank contributes to the per-step metrics, gathered on rank 0's side by all_gather.
 enum Stat : int64_t {
@@ -189,10 +151,13 @@ std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
   std::string freeze;
   for (const auto& g : o.freeze) freeze += " freeze " + g;
   return cat("model ", p.preset.name, freeze, " steps ", o.steps, " global-batch ", o.global_batch,
-             " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " warmup ",
-             o.warmup_steps, " clip ", o.clip_grad, " seed ", o.seed, " dropout ",
-             p.preset.dropout, " data ", p.data.bytes,
-             " bytes; ", p.strategy.describe());
+             " seq-len ", o.seq_len, " grad-accum ", o.grad_accum, " lr ", o.lr, " ",
+             o.lr_schedule, " warmup ", o.warmup_steps, " clip ", o.clip_grad, " adamw ", o.beta1,
+             " ", o.beta2, " ", o.adam_eps, " ", o.weight_decay, " seed ", o.seed, " order ",
+             o.data_order, " dropout ", p.preset.dropout, " data ", p.data.tokens, " ",
+             to_string(p.data.format),
+             " tokens val ", p.val.tokens, " x ", o.eval_batches, " every ", o.eval_every,
+             " init ", o.init_from, "; ", p.strategy.describe());
 }
 
 // What the checkpoint flags did, for the summary.
@@ -203,6 +168,7 @@ struct CheckpointLog {
   int64_t resumed_step = 0;
   std::string exported;
   double export_s = 0;
+  std::string exported_llmc;
 };
 
 std::string rate(double bytes, double seconds) {
@@ -229,12 +195,14 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
     std::snprintf(s, sizeof(s), "%.2f", c.export_s);
     row("full export", cat(c.exported, " (", s, " s)"));
   }
+  if (!c.exported_llmc.empty()) row("llm.c export", c.exported_llmc);
 }
 
 // Rank 0 returns `n` bytes sampled from the model after `prompt` (every rank runs the forwards:
 // they are collective). Deterministic for --seed: rank 0 draws, the world receives its choice.
 template <class Model>
-std::string sample_text(Model& model, GPTImpl& net, const TrainOptions& o, const ModelPreset& preset,
+std::string sample_text(Model& model, LanguageModel& net, const TrainOptions& o,
+                        const ModelPreset& preset,
                         fsdp::Runtime& rt) {
   torch::NoGradGuard no_grad;
   net.eval();
@@ -259,8 +227,9 @@ std::string sample_text(Model& model, GPTImpl& net, const TrainOptions& o, const
         const double u = double(rng() >> 11) * 0x1.0p-53;
         auto acc = probs.accessor<double, 1>();
         double sum = 0;
-        choice = kVocab - 1;
-        for (int64_t v = 0; v < kVocab; ++v) {
+        const int64_t vocab = probs.size(0);
+        choice = vocab - 1;
+        for (int64_t v = 0; v < vocab; ++v) {
           sum += acc[v];
           if (u < sum) {
             choice = v;
@@ -288,8 +257,8 @@ std::string printable(std::string s) {
 }
 
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
-                   const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt,
-                   const std::string& backend, const std::string& heap,
+                   const ValLosses& val, const fsdp::TopologyReport& report, double total_s,
+                   const CheckpointLog& ckpt, const std::string& backend, const std::string& heap,
                    const Construction& construction, const MemoryAccount& account) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
@@ -322,6 +291,14 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   std::snprintf(buf, sizeof(buf), "%.4f (step 1: %.4f; mean over the global batch)",
                 steps.back().loss, steps.front().loss);
   row("final loss", buf);
+  if (!val.empty()) {
+    std::snprintf(buf, sizeof(buf), "%.4f at step %lld (step %lld: %.4f; mean over %lld x %lld "
+                  "x %lld tokens of --val-data)", val.back().second,
+                  static_cast<long long>(val.back().first), static_cast<long long>(val[0].first),
+                  val[0].second, static_cast<long long>(o.eval_batches),
+                  static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len));
+    row("val loss", buf);
+  }
   row("backend", backend);
   row("heap", heap);
   row("construction", construction.describe());
@@ -383,16 +360,15 @@ void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& p
   ModelPreset names_only = preset;
   names_only.d_model = preset.n_heads;
   names_only.context = 1;
-  GPTImpl net(names_only);
-  const auto params = net.named_parameters();
+  const auto params = make_model(names_only)->named_parameters();
   int64_t frozen = 0;
   for (const auto& p : params) frozen += matches_any(patterns, p.key()) ? 1 : 0;
   for (const auto& g : patterns) {
     bool hit = false;
     for (const auto& p : params) hit = hit || matches_any({g}, p.key());
     FSDP_CHECK(hit, "--freeze '", g, "' matches no parameter of --model ", preset.name,
-               " (its names look like tok_emb.weight, block0.q.weight, block0.ln1.bias, "
-               "ln_f.weight, head.weight); give a glob that matches some, e.g. 'block0.*'");
+               " (its names look like ", params[0].key(), ", ", params[2].key(),
+               ", ln_f.weight); give a glob that matches some, e.g. 'block0.*'");
   }
   FSDP_CHECK(frozen < static_cast<int64_t>(params.size()), "--freeze freezes all ",
              params.size(), " parameters of --model ", preset.name, ", so nothing would train; "
@@ -400,7 +376,7 @@ void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& p
 }
 
 int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
-  auto net = std::make_shared<GPTImpl>(p.preset);
+  auto net = make_model(p.preset);
   freeze_parameters(*net, o.freeze);
   const auto units = fsdp::plan_units(*net, p.strategy.auto_wrap_policy(), p.sharding.shard_size());
   const auto report =
@@ -410,7 +386,7 @@ int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
   } else {
     std::cout << "fsdp-train --dry-run: model " << p.preset.name << " ("
               << fsdp::format_count(double(report.total_params)) << " parameters), global batch "
-              << o.global_batch << " x " << o.seq_len << " bytes: " << p.per_rank_batch
+              << o.global_batch << " x " << o.seq_len << " tokens: " << p.per_rank_batch
               << " sequences per rank in " << o.grad_accum
               << (o.grad_accum == 1 ? " micro-step" : " micro-steps") << "; nothing is started\n\n"
               << report.to_text();
@@ -420,6 +396,7 @@ int run_dry_run(const TrainOptions& o, const TrainPlan& p) {
 
 int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::vector<StepRecord> records;
+  ValLosses val_losses;
   CheckpointLog ckpt;
   std::string backend;  // the collective backend, and why (e.g. auto picked gloo: no GPU)
   std::string heap;     // what --heap did
@@ -458,24 +435,25 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     lead = rank == 0;
     runtime->check_agreement("fsdp-train settings", settings_line(o, p));
 
-    const torch::Tensor data = [&] {
-      std::string bytes = read_corpus(p.data);
-      return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
-          .clone();
-    }();
+    const TokenStream data(p.data);  // memory-mapped (NOTE [token files])
+    std::optional<TokenStream> val;
+    if (!p.val.files.empty()) val.emplace(p.val);
     account.set_base();
     Model model = build_model(o, p, runtime, &construction);
+    auto& net = *model.module();
     n_params = construction.params;
     n_trainable = model.trainable_numel();
-    torch::optim::AdamW optimizer(
-        model.parameters(),
-        torch::optim::AdamWOptions(o.lr).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.01));
+    torch::optim::AdamW optimizer(model.parameters(),
+                                  torch::optim::AdamWOptions(o.lr)
+                                      .betas(std::make_tuple(o.beta1, o.beta2))
+                                      .eps(o.adam_eps)
+                                      .weight_decay(o.weight_decay));
     report = fsdp::make_topology_report(model.plan(), p.local_world_size, model.units(),
                                         report_options(o, p));
     if (lead) {
       std::printf(
           "fsdp-train: %s, mesh %s = %lld %s x %lld-way sharding, world %lld = %lld %s "
-          "x %lld | model %s, %s params, %s | global batch %lld x %lld bytes, "
+          "x %lld | model %s, %s params, %s | global batch %lld x %lld tokens, "
           "grad-accum %lld, %lld steps | data: %s (%s)\n",
           fsdp::to_string(p.sharding.strategy), mesh_string(p.sharding).c_str(),
           static_cast<long long>(p.sharding.replicate_size()),
@@ -492,7 +470,9 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           p.bf16 ? "bf16-mixed" : "fp32",
           static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
           static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
-          p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());
+          p.data.label.c_str(),
+          cat(fsdp::format_count(double(p.data.tokens)), " tokens, ", to_string(p.data.format))
+              .c_str());
       std::printf("fsdp-train: construction %s\n", construction.describe().c_str());
       // The plan's warnings (e.g. groups spanning nodes): fsdp::shard printed them on rank 0.
       std::fflush(stdout);
@@ -503,7 +483,8 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       FSDP_CHECK(metrics, "cannot write --metrics '", o.metrics, "': ", std::strerror(errno));
     }
 
-    BatchSampler sampler(o.seed, p.data.bytes, o.seq_len, o.global_batch);
+    BatchSampler sampler(o.seed, p.data.tokens, o.seq_len, o.global_batch,
+                         o.data_order == "sequential");
     int64_t first_step = 0;
     if (o.resume) {
       // Every rank looks; they see the same directory (save_checkpoint checks that).
@@ -548,6 +529,24 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     const auto world = runtime->world();
     const c10::Device device = runtime->device();  // cpu, or this rank's GPU with NCCL
     const auto train_start = Clock::now();
+    auto validate = [&](int64_t steps_done) {
+      if (!val) return;
+      const double v = validation_loss(model, net, *val, o.eval_batches, o.global_batch, T,
+                                       p.per_rank_batch, p.micro_batch, *runtime);
+      FSDP_CHECK(std::isfinite(v), "the validation loss is ", v, " at step ", steps_done,
+                 "; training diverged: lower --lr (", o.lr, ")");
+      val_losses.emplace_back(steps_done, v);
+      if (!lead) return;
+      progress.validation(v);
+      if (metrics.is_open()) {
+        nlohmann::ordered_json j;
+        j["step"] = steps_done;
+        j["val_loss"] = v;
+        metrics << j.dump() << "\n";
+        metrics.flush();
+      }
+    };
+    if (first_step == 0) validate(0);  // llm.c's convention: also before any update
     for (int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = Clock::now();
       const auto comm_before = model.comm_counters();
@@ -567,7 +566,8 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
         auto no_sync = model.no_sync(/*enabled=*/k + 1 < K);
         auto logits = model(tokens.narrow(1, 0, T));
         auto loss = torch::nn::functional::cross_entropy(
-            logits.to(torch::kFloat).reshape({-1, kVocab}), tokens.narrow(1, 1, T).reshape({-1}));
+            logits.to(torch::kFloat).reshape({-1, logits.size(-1)}),
+            tokens.narrow(1, 1, T).reshape({-1}));
         if (k + 1 == K) account.sample(step + 1, model.memory_stats(&optimizer));
         (loss / double(K)).backward();
         loss_sum += loss.item<double>();
@@ -612,24 +612,27 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
         save(step + 1);
       }
-      if (!lead) continue;
-      if (metrics.is_open()) {
-        nlohmann::ordered_json j;
-        j["step"] = step + 1;
-        j["loss"] = rec.loss;
-        j["lr"] = rec.lr;
-        j["step_time_s"] = rec.step_time_s;
-        j["tokens_per_s"] = rec.tokens_per_s;
-        j["sharded_state_bytes"] = static_cast<int64_t>(rec.max[kShardedState]);
-        j["peak_rss_bytes"] = static_cast<int64_t>(rec.max[kPeakRss]);
-        j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
-                           {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
-                           {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
-        metrics << j.dump() << "\n";
-        metrics.flush();  // a crash mid-run leaves every finished step readable
-        FSDP_CHECK(metrics, "writing --metrics '", o.metrics, "' failed: ", std::strerror(errno));
+      if (lead) {
+        if (metrics.is_open()) {
+          nlohmann::ordered_json j;
+          j["step"] = step + 1;
+          j["loss"] = rec.loss;
+          j["lr"] = rec.lr;
+          j["step_time_s"] = rec.step_time_s;
+          j["tokens_per_s"] = rec.tokens_per_s;
+          j["sharded_state_bytes"] = static_cast<int64_t>(rec.max[kShardedState]);
+          j["peak_rss_bytes"] = static_cast<int64_t>(rec.max[kPeakRss]);
+          j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
+                             {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
+                             {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
+          metrics << j.dump() << "\n";
+          metrics.flush();  // a crash mid-run leaves every finished step readable
+          FSDP_CHECK(metrics, "writing --metrics '", o.metrics, "' failed: ", std::strerror(errno));
+        }
+        progress.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start));
       }
-      progress.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start));
+      const bool last = step + 1 == o.steps;
+      if (o.eval_every > 0 ? (step + 1) % o.eval_every == 0 || last : last) validate(step + 1);
     }
     if (!o.checkpoint_dir.empty() && !records.empty()) save(o.steps);
     if (!o.export_full.empty()) {
@@ -638,12 +641,16 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       ckpt.exported = o.export_full;
       ckpt.export_s = seconds_since(t);
     }
-    if (o.sample > 0) sample = sample_text(model, *model.module(), o, p.preset, *runtime);
+    if (!o.export_llmc.empty()) {
+      export_llmc(model, net, p.preset, o.export_llmc);
+      ckpt.exported_llmc = o.export_llmc;
+    }
+    if (o.sample > 0) sample = sample_text(model, net, o, p.preset, *runtime);
   }  // every rank leaves the job here (Runtime's destructor waits for the others)
 
   if (!lead) return 0;
-  print_summary(o, p, records, report, seconds_since(start), ckpt, backend, heap,
-                  construction, account);
+  print_summary(o, p, records, val_losses, report, seconds_since(start), ckpt, backend, heap,
+                construction, account);
   if (o.sample > 0) {
     std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
                 static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),
@@ -657,7 +664,17 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       curve.steps.push_back(ckpt.resumed_step + static_cast<int64_t>(i + 1));
       curve.losses.push_back(records[i].loss);
     }
-    fsdp_plot::plot_losses({curve}, o.plot,
+    std::vector<fsdp_plot::LossCurve> curves = {curve};
+    if (!val_losses.empty()) {
+      fsdp_plot::LossCurve v;
+      v.label = "validation";
+      for (const auto& [step, loss] : val_losses) {
+        v.steps.push_back(step);
+        v.losses.push_back(loss);
+      }
+      curves.push_back(v);
+    }
+    fsdp_plot::plot_losses(curves, o.plot,
                            cat("fsdp-train: model ", p.preset.name, ", ",
                                fsdp::format_count(double(n_params)), " parameters, world ",
                                p.world_size));
