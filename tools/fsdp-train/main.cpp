@@ -20,6 +20,7 @@
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
 #include "options.h"
+#include "resume.h"
 #include "train.h"
 
 namespace {
@@ -58,6 +59,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return fail(2, std::string(e.what()) + " (see fsdp-train --help)");
+  }
+
+  // An operator's check of a checkpoint: no cluster, no training.
+  if (!o.check_checkpoint.empty()) {
+    try {
+      return fsdp_train::run_check_checkpoint(o.check_checkpoint);
+    } catch (const std::exception& e) {
+      return fail(1, fsdp::error_message(e));
+    }
   }
 
   // Usage errors: everything is checked here, before any process or thread starts.

@@ -345,8 +345,19 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "steps between checkpoints (and one at the end); 0 = only at the end")
       ->group(ckpt);
   app.add_flag("--resume", o.resume,
-               "continue from the latest complete checkpoint in --checkpoint-dir (on any mesh, "
-               "strategy or world size); starts fresh, saying so, if there is none")
+               "continue from the newest checkpoint in --checkpoint-dir (on any mesh, strategy "
+               "or world size); fails on every rank, naming the file and the reason, if that "
+               "checkpoint is damaged; starts fresh, saying so, only if there is none")
+      ->group(ckpt);
+  app.add_flag("--resume-fallback", o.resume_fallback,
+               "with --resume: skip damaged newest checkpoints, printing each one and why, and "
+               "resume from the newest valid one")
+      ->group(ckpt);
+  app.add_option("--check-checkpoint", o.check_checkpoint,
+                 "verify a checkpoint (DIR/step-NNNNNNNN: meta.json, every file's size, every "
+                 "CRC-32), print its step, strategy, mesh, tensors and bytes, and exit (1 if "
+                 "invalid); given a --checkpoint-dir, every entry; starts no ranks")
+      ->type_name("PATH")
       ->group(ckpt);
   app.add_option("--keep-last", o.keep_last,
                  "keep only the newest K checkpoints in --checkpoint-dir; 0 = keep all")
@@ -530,6 +541,8 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every,
              " is invalid; use 0 (only at the end) or more");
   FSDP_CHECK(o.keep_last >= 0, "--keep-last ", o.keep_last, " is invalid; use 0 (keep all) or more");
+  FSDP_CHECK(!o.resume_fallback || o.resume, "--resume-fallback only applies to --resume; add "
+             "--resume or drop --resume-fallback");
   const bool needs_dir = o.resume || o.checkpoint_every > 0 || o.keep_last > 0;
   FSDP_CHECK(!needs_dir || !o.checkpoint_dir.empty(),
              o.resume ? "--resume" : o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last",

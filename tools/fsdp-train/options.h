@@ -75,7 +75,9 @@ struct TrainOptions {
   // Checkpoints (fsdp/checkpoint.h).
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // steps between sharded checkpoints; 0 = only at the end
-  bool resume = false;          // continue from the latest complete checkpoint in checkpoint_dir
+  bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
+  bool resume_fallback = false; // --resume skips invalid newest entries (naming each) instead of failing
+  std::string check_checkpoint; // verify this checkpoint (or directory of them) and exit
   int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
   // Sampling from the trained model.

@@ -23,6 +23,7 @@
 #include "fsdp/sharded.h"
 #include "gpt.h"
 #include "plot.h"
+#include "resume.h"
 
 namespace fsdp_train {
 
@@ -485,9 +486,23 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     BatchSampler sampler(o.seed, p.data.bytes, o.seq_len, o.global_batch);
     int64_t first_step = 0;
     if (o.resume) {
-      // Every rank looks; they see the same directory (save_checkpoint checks that).
-      std::optional<std::string> latest = fsdp::latest_checkpoint(o.checkpoint_dir);
-      runtime->check_agreement("latest checkpoint", latest.value_or("(none)"));
+      // Every rank looks and decides; the ranks compare decisions through the store before any
+      // collective, so a damaged checkpoint is the same error on every rank (resume.h).
+      ResumeChoice choice;
+      std::string error;
+      try {
+        choice = choose_resume(fsdp::list_checkpoints(o.checkpoint_dir), o.checkpoint_dir,
+                               o.resume_fallback);
+      } catch (const fsdp::Error& e) {
+        error = e.what();
+      }
+      runtime->check_agreement("--resume's checkpoint", error.empty() ? choice.path.value_or("(none)")
+                                                                      : error);
+      if (!error.empty()) throw fsdp::Error(error);
+      if (lead) {
+        for (const auto& line : choice.notes) std::printf("%s\n", line.c_str());
+      }
+      const std::optional<std::string>& latest = choice.path;
       if (latest) {
         fsdp::TrainingState state;
         ckpt.loaded = fsdp::load_checkpoint(*latest, model, &optimizer, &state);
@@ -506,9 +521,6 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
                         state.values.at("settings").c_str());
           }
         }
-      } else if (lead) {
-        std::printf("fsdp-train: --resume: no complete checkpoint in %s yet; starting fresh\n",
-                    o.checkpoint_dir.c_str());
       }
       std::fflush(stdout);
     }
