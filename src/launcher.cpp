@@ -609,32 +609,34 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
   bool term_sent = false, kill_sent = false;
 
   while (running > 0) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
-    if (pid > 0) {
-      for (auto& c : children) {
-        if (c.pid != pid || !c.running) continue;
-        if (WIFSTOPPED(status)) {
-          c.stop_signal = WSTOPSIG(status);
-          c.stopped_at = Clock::now();
-          if (term_sent) ::kill(c.pid, SIGKILL);  // a stopped rank cannot handle SIGTERM
-          continue;
-        }
-        if (WIFCONTINUED(status)) {
-          c.stop_signal = 0;
-          continue;
-        }
-        c.running = false;
-        c.status = status;
-        --running;
-        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !term_sent && stop_signal == 0 && g_stop_signal == 0) {
-          if (failed.empty()) first_failure_at = Clock::now();
-          failed.push_back(c.local_rank);
-        }
+    bool reaped = false;
+    for (auto& c : children) {
+      // Our own pids only: a program that links fsdp may have children of its own (issue 21).
+      int status = 0;
+      if (!c.running || ::waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != c.pid) {
+        continue;
       }
-      continue;  // reap everything that is ready before deciding
+      reaped = true;
+      if (WIFSTOPPED(status)) {
+        c.stop_signal = WSTOPSIG(status);
+        c.stopped_at = Clock::now();
+        if (term_sent) ::kill(c.pid, SIGKILL);  // a stopped rank cannot handle SIGTERM
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        c.stop_signal = 0;
+        continue;
+      }
+      c.running = false;
+      c.status = status;
+      --running;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !term_sent && stop_signal == 0 && g_stop_signal == 0) {
+        if (failed.empty()) first_failure_at = Clock::now();
+        failed.push_back(c.local_rank);
+      }
     }
+    if (reaped) continue;  // reap everything that is ready before deciding
     if (g_stop_signal != 0 && stop_signal == 0) {
       stop_signal = g_stop_signal;
       stopping = true;
