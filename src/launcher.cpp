@@ -25,6 +25,7 @@
 #include <deque>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include "fsdp/error.h"
 
@@ -125,26 +126,37 @@ std::string resolve_executable(const std::string& prog) {
 
 volatile sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+// SIGUSR1 and SIGUSR2 received so far (only the handler writes them), relayed to the ranks.
+volatile sig_atomic_t g_usr1_count = 0, g_usr2_count = 0;
+extern "C" void on_relay_signal(int sig) {
+  if (sig == SIGUSR1) g_usr1_count = g_usr1_count + 1;
+  if (sig == SIGUSR2) g_usr2_count = g_usr2_count + 1;
+}
 
-// Installs SIGINT/SIGTERM/SIGHUP handlers for the supervisor's lifetime and restores the old ones.
+// Installs SIGINT/SIGTERM/SIGHUP handlers (stop the ranks) and SIGUSR1/SIGUSR2 handlers (relay
+// them to the ranks: SLURM's --signal=B:USR1@T reaches only the batch step, i.e. the
+// supervisor) for the supervisor's lifetime, and restores the old ones.
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
     struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    for (int i = 0; i < kCount; ++i) {
+      sa.sa_handler = i < 3 ? on_stop_signal : on_relay_signal;
+      sigaction(kSignals[i], &sa, &old_[i]);
+    }
   }
   ~StopSignals() {
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    for (int i = 0; i < kCount; ++i) sigaction(kSignals[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_[3];
+  static constexpr int kCount = 5;
+  static constexpr int kSignals[kCount] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+  struct sigaction old_[kCount];
 };
 
 struct Child {
@@ -607,6 +619,7 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
   int stop_signal = 0;
   Clock::time_point first_failure_at{}, term_sent_at{};
   bool term_sent = false, kill_sent = false;
+  sig_atomic_t usr1_relayed = g_usr1_count, usr2_relayed = g_usr2_count;
 
   while (running > 0) {
     bool reaped = false;
@@ -640,6 +653,14 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
     if (g_stop_signal != 0 && stop_signal == 0) {
       stop_signal = g_stop_signal;
       stopping = true;
+    }
+    for (auto [count, relayed, sig] : {std::tuple{g_usr1_count, &usr1_relayed, SIGUSR1},
+                                       std::tuple{g_usr2_count, &usr2_relayed, SIGUSR2}}) {
+      if (count == *relayed) continue;
+      *relayed = count;
+      for (auto& c : children) {
+        if (c.running) ::kill(c.pid, sig);
+      }
     }
     if (test_kill.local_rank >= 0 && !test_killed && attempt == 0 &&
         test_kill.local_rank < opts.nproc_per_node &&

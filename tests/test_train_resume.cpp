@@ -12,7 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
+#include <signal.h>
+
+#include "fsdp/checkpoint.h"
 #include "testing.h"
 
 using namespace fsdp::testing;
@@ -242,6 +246,118 @@ TEST(TrainResume, FallbackWithoutResumeIsAUsageError) {
   EXPECT_EQ(r.exit_code(), 2) << r.output;
   EXPECT_NE(r.output.find("--resume-fallback only applies to --resume"), std::string::npos)
       << r.output;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Preemption (NOTE [preemption] in tools/fsdp-train/preempt.h): a signal to one rank, or SIGUSR1
+// to the supervisor, makes every rank finish its step, save it and exit 128 + signal; --resume
+// then continues bit-identically to a run that was never interrupted.
+namespace {
+
+std::vector<std::string> four(std::vector<std::string> extra) {
+  std::vector<std::string> argv{kTrain,     "--model=tiny",     "--global-batch=8", "--seq-len=32",
+                                "--lr=3e-3", "--warmup-steps=2", "--seed=7",         "--quiet",
+                                "--devices=4", "--steps=40"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+std::map<int64_t, double> losses(const std::string& metrics) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+size_t lines_of(const std::string& file) {
+  std::ifstream in(file);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// The pids of `pid`'s children, polled until there are `n`.
+std::vector<int> children_of(int pid, size_t n) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
+  std::vector<int> pids;
+  for (int i = 0; i < 600 && pids.size() < n; ++i) {
+    std::ifstream in(path);
+    pids.clear();
+    for (int p; in >> p;) pids.push_back(p);
+    if (pids.size() < n) std::this_thread::sleep_for(50ms);
+  }
+  return pids;
+}
+
+// Runs 40 steps with checkpoints in tmp/ck; after 3 steps, `interrupt(supervisor, ranks)`.
+// Returns the result and the step the run says it saved.
+std::pair<ProcessResult, int64_t> interrupted(const TempDir& tmp,
+                                              const std::function<void(int, std::vector<int>)>& interrupt) {
+  Process p(four({"--checkpoint-dir=" + tmp / "ck", "--metrics=" + tmp / "a.jsonl"}));
+  const auto ranks = children_of(p.pid(), 4);
+  EXPECT_EQ(ranks.size(), 4u);
+  for (int i = 0; i < 1200 && lines_of(tmp / "a.jsonl") < 3; ++i) std::this_thread::sleep_for(50ms);
+  interrupt(p.pid(), ranks);
+  auto r = p.wait(120s);
+  EXPECT_FALSE(r.timed_out);
+  int64_t saved = -1;
+  const auto at = r.output.find(": saved step ");
+  if (at != std::string::npos) saved = std::stoll(r.output.substr(at + 13));
+  return {r, saved};
+}
+
+TEST(TrainPreempt, SignalToOneRankSavesTheStepAndResumesBitIdentically) {
+  TempDir tmp;
+  auto ref = std::async(std::launch::async, [&] {
+    return run(four({"--metrics=" + tmp / "ref.jsonl"}), {}, 180s);
+  });
+  auto [r, saved] = interrupted(tmp, [](int, std::vector<int> ranks) { ::kill(ranks[2], SIGTERM); });
+  EXPECT_EQ(r.exit_code(), 143) << r.output;
+  ASSERT_GT(saved, 0) << r.output;
+  ASSERT_LT(saved, 40) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: SIGTERM: saved step " + std::to_string(saved) + " to " +
+                          tmp / "ck/step-"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(lines_of(tmp / "a.jsonl"), static_cast<size_t>(saved)) << "the checkpoint is of the step the run got to";
+  const auto list = fsdp::list_checkpoints(tmp / "ck");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].step, saved);
+  EXPECT_EQ(list[0].status, fsdp::CheckpointStatus::kComplete);
+  auto done = ref.get();
+  ASSERT_EQ(done.exit_code(), 0) << done.output;
+  const auto want = losses(tmp / "ref.jsonl");
+  r = run(four({"--checkpoint-dir=" + tmp / "ck", "--resume", "--metrics=" + tmp / "b.jsonl"}), {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const auto got = losses(tmp / "b.jsonl");
+  EXPECT_EQ(got.size(), static_cast<size_t>(40 - saved));
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
+}
+
+TEST(TrainPreempt, Usr1ToTheLauncherSavesOnEveryRank) {
+  TempDir tmp;
+  auto [r, saved] = interrupted(tmp, [](int supervisor, std::vector<int>) { ::kill(supervisor, SIGUSR1); });
+  EXPECT_EQ(r.exit_code(), 138) << r.output;
+  ASSERT_GT(saved, 0) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: SIGUSR1: saved step "), std::string::npos) << r.output;
+  EXPECT_EQ(fsdp::latest_checkpoint(tmp / "ck"), fsdp::checkpoint_path(tmp / "ck", saved));
+  EXPECT_EQ(fsdp::verify_checkpoint(fsdp::checkpoint_path(tmp / "ck", saved)).step, saved);
+}
+
+TEST(TrainPreempt, BadPreemptionFlagsFailBeforeStarting) {
+  for (const auto& [flags, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--save-on-signal=TERM,KILL"}, "'KILL' is not a signal fsdp-train can save on"},
+           {{"--requeue"}, "--requeue requeues after a save on a signal, which needs --checkpoint-dir"},
+           {{"--signal-save-timeout=0"}, "--signal-save-timeout 0 is invalid"},
+       }) {
+    auto r = run(args(flags));
+    EXPECT_EQ(r.exit_code(), 2) << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 // a frozen (stopped) rank, then one killed by a signal, then one that aborted, then one that
 // exited non-zero). With max_restarts > 0 it then starts every rank again, up to that many times,
 // exporting TORCHELASTIC_RESTART_COUNT like torchrun. SIGINT/SIGTERM to the supervisor stop every
-// rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
+// rank (SIGTERM, which a rank may handle, e.g. by saving, within the grace period); SIGUSR1 and
+// SIGUSR2 to the supervisor are relayed to every rank (SLURM's --signal=B:USR1@T). Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
 // stderr passes through the supervisor (a pseudo-terminal when the supervisor's stderr is one), so
 // that a line every rank writes, such as an error they all found, is shown once, naming the ranks
 // (NOTE [rank output] in launcher.cpp).

@@ -1,9 +1,9 @@
 // libFuzzer target: fsdp-train's command line, the way its main() checks it before starting
 // anything: CLI11 parses the flags that add_flags declares, then fsdp::validate(launch) and
 // check_options(). The input is the argument list, one argument per line. Flags that name files
-// to create or read (--metrics, --plot, --data, --checkpoint-dir, --resume, --export-full, and
-// CLI11's --config) make the input uninteresting: the fuzzer must not write files where an input
-// tells it to.
+// to create or read (--metrics, --plot, --data, --checkpoint-dir, --resume, --export-full,
+// --check-checkpoint and CLI11's --config) make the input uninteresting: the fuzzer must not
+// write files where an input tells it to.
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string line;
   while (std::getline(lines, line)) {
     for (const char* f : {"--metrics", "--plot", "--data", "--checkpoint-dir", "--export-full",
-                          "--resume", "--config"}) {
+                          "--resume", "--config", "--check-checkpoint"}) {
       if (line.find(f) != std::string::npos) return -1;  // not added to the corpus
     }
     args.push_back(line);

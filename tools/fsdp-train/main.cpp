@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
@@ -111,6 +112,12 @@ int main(int argc, char** argv) {
     return fail(2, fsdp::error_message(e));
   }
 
+  // A rank that saves on SIGTERM (NOTE [preemption]) needs more than the supervisor's usual
+  // grace before SIGKILL: its step and the save.
+  if (!plan.save_signals.empty()) {
+    o.launch.grace = std::max(o.launch.grace, std::chrono::milliseconds(static_cast<int64_t>(
+                                                  (o.signal_save_timeout + 60) * 1000)));
+  }
   try {
     if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
     if (env.kind == fsdp::ClusterKind::kSingle) {

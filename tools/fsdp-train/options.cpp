@@ -20,6 +20,7 @@
 #include "fsdp/error.h"
 #include "fsdp/report.h"
 #include "plot.h"
+#include "preempt.h"
 
 namespace fsdp_train {
 
@@ -362,6 +363,19 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--keep-last", o.keep_last,
                  "keep only the newest K checkpoints in --checkpoint-dir; 0 = keep all")
       ->group(ckpt);
+  app.add_option("--save-on-signal", o.save_on_signal,
+                 "with --checkpoint-dir: on the first of these signals every rank finishes its "
+                 "step, saves a checkpoint and exits with 128 + the signal (143 TERM, 130 INT, "
+                 "138 USR1); a second SIGINT stops at once; none = default actions")
+      ->type_name("LIST")
+      ->group(ckpt);
+  app.add_flag("--requeue", o.requeue,
+               "after a --save-on-signal save, rank 0 runs 'scontrol requeue $SLURM_JOB_ID'")
+      ->group(ckpt);
+  app.add_option("--signal-save-timeout", o.signal_save_timeout,
+                 "seconds a --save-on-signal save may take; past it every rank exits anyway, "
+                 "saying so")
+      ->group(ckpt);
   app.add_option("--export-full", o.export_full,
                  "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
                  "it) or FILE.safetensors, streamed one unit at a time")
@@ -548,6 +562,15 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              o.resume ? "--resume" : o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last",
              " needs --checkpoint-dir DIR; add it");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
+  const std::vector<int> signals = parse_signal_list(o.save_on_signal);
+  if (!o.checkpoint_dir.empty()) p.save_signals = signals;
+  FSDP_CHECK(std::isfinite(o.signal_save_timeout) && o.signal_save_timeout >= 1 &&
+                 o.signal_save_timeout <= 86400,
+             "--signal-save-timeout ", o.signal_save_timeout, " is invalid; use seconds in [1, "
+             "86400], e.g. 120");
+  FSDP_CHECK(!o.requeue || !p.save_signals.empty(), "--requeue requeues after a save on a "
+             "signal, which needs --checkpoint-dir DIR and --save-on-signal other than none; "
+             "add them or drop --requeue");
   if (!o.export_full.empty()) {
     check_output_path("--export-full", o.export_full);
     const std::string e = lower(o.export_full);

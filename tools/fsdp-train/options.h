@@ -78,6 +78,11 @@ struct TrainOptions {
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   bool resume_fallback = false; // --resume skips invalid newest entries (naming each) instead of failing
   std::string check_checkpoint; // verify this checkpoint (or directory of them) and exit
+  // Preemption (NOTE [preemption] in preempt.h): with checkpoint_dir, these signals make every
+  // rank finish its step, save and exit 128 + signal; "none" keeps their default action.
+  std::string save_on_signal = "TERM,INT,USR1";
+  bool requeue = false;             // after that save, rank 0 runs scontrol requeue $SLURM_JOB_ID
+  double signal_save_timeout = 120; // seconds the save may take before the rank exits anyway
   int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
   // Sampling from the trained model.
@@ -121,6 +126,7 @@ struct TrainPlan {
   bool bf16 = false;
   fsdp::HeapPolicy heap = fsdp::HeapPolicy::kRetain;
   DataSource data;
+  std::vector<int> save_signals;  // --save-on-signal, resolved; empty without --checkpoint-dir
 };
 
 // Throws fsdp::Error with one line naming the flag, its value, the rule and a fix, for the first
