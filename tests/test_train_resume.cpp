@@ -264,34 +264,11 @@ std::vector<std::string> four(std::vector<std::string> extra) {
   return argv;
 }
 
-std::map<int64_t, double> losses(const std::string& metrics) {
-  std::map<int64_t, double> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return out;
-}
-
 size_t lines_of(const std::string& file) {
   std::ifstream in(file);
   size_t n = 0;
   for (std::string line; std::getline(in, line);) ++n;
   return n;
-}
-
-// The pids of `pid`'s children, polled until there are `n`.
-std::vector<int> children_of(int pid, size_t n) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
-  std::vector<int> pids;
-  for (int i = 0; i < 600 && pids.size() < n; ++i) {
-    std::ifstream in(path);
-    pids.clear();
-    for (int p; in >> p;) pids.push_back(p);
-    if (pids.size() < n) std::this_thread::sleep_for(50ms);
-  }
-  return pids;
 }
 
 // Runs 40 steps with checkpoints in tmp/ck; after 3 steps, `interrupt(supervisor, ranks)`.
@@ -330,10 +307,10 @@ TEST(TrainPreempt, SignalToOneRankSavesTheStepAndResumesBitIdentically) {
   EXPECT_EQ(list[0].status, fsdp::CheckpointStatus::kComplete);
   auto done = ref.get();
   ASSERT_EQ(done.exit_code(), 0) << done.output;
-  const auto want = losses(tmp / "ref.jsonl");
+  const auto want = metrics_losses(tmp / "ref.jsonl");
   r = run(four({"--checkpoint-dir=" + tmp / "ck", "--resume", "--metrics=" + tmp / "b.jsonl"}), {}, 180s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  const auto got = losses(tmp / "b.jsonl");
+  const auto got = metrics_losses(tmp / "b.jsonl");
   EXPECT_EQ(got.size(), static_cast<size_t>(40 - saved));
   for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
 }
