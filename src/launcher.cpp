@@ -683,7 +683,8 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
       term_sent = true;
       term_sent_at = Clock::now();
     }
-    if (term_sent && !kill_sent && Clock::now() - term_sent_at > opts.grace) {
+    const auto grace = stop_signal != 0 ? std::max(opts.grace, opts.signal_grace) : opts.grace;
+    if (term_sent && !kill_sent && Clock::now() - term_sent_at > grace) {
       for (auto& c : children) {
         if (c.running) ::kill(c.pid, SIGKILL);
       }

@@ -41,6 +41,9 @@ struct LaunchOptions {
   int64_t threads = 0;
   // Time between SIGTERM and SIGKILL when stopping ranks.
   std::chrono::milliseconds grace{3000};
+  // The same when the supervisor itself got SIGINT/SIGTERM (a preemption), if longer than
+  // `grace`: ranks that save on SIGTERM get this long. A rank's failure still gives `grace`.
+  std::chrono::milliseconds signal_grace{0};
   // How long a line one rank wrote to stderr waits for the same line from the other ranks of this
   // node, so that it is shown once ("... [ranks 0-3]"; NOTE [rank output] in launcher.cpp). Lines
   // of different ranks leave in the order they arrived either way. 0 forwards every line at once.

@@ -113,10 +113,10 @@ int main(int argc, char** argv) {
   }
 
   // A rank that saves on SIGTERM (NOTE [preemption]) needs more than the supervisor's usual
-  // grace before SIGKILL: its step and the save.
+  // grace before SIGKILL when the job is interrupted: its step and the save.
   if (!plan.save_signals.empty()) {
-    o.launch.grace = std::max(o.launch.grace, std::chrono::milliseconds(static_cast<int64_t>(
-                                                  (o.signal_save_timeout + 60) * 1000)));
+    o.launch.signal_grace =
+        std::chrono::milliseconds(static_cast<int64_t>((o.signal_save_timeout + 60) * 1000));
   }
   try {
     if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
