@@ -47,7 +47,8 @@ fuzz: setup
 	./scripts/setup-fuzz.sh
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DFSDP_FUZZ=ON -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_TESTS=OFF -DFSDP_BUILD_BENCH=OFF
-	cmake --build $(FUZZ_BUILD) --target fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options
+	cmake --build $(FUZZ_BUILD) --target fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options \
+	  fuzz_checkpoint_meta
 	./tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 demo: build

@@ -19,11 +19,12 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
+#include "checkpoint_io.h"
+#include "checkpoint_meta.h"
 #include "compat.h"
 #include "engine.h"
 #include "fsdp/error.h"
@@ -31,158 +32,36 @@
 namespace fsdp {
 
 using detail::cat;
+using detail::checked_numel;
+using detail::Chunk;
+using detail::crc32_of;
+using detail::dtype_from_name;
+using detail::dtype_name;
 using detail::Engine;
+using detail::errno_text;
+using detail::File;
+using detail::get_field;
+using detail::json;
+using detail::kCheckpointFormatName;
+using detail::kCheckpointFormatVersion;
+using detail::kMaxMetaBytes;
+using detail::Meta;
+using detail::parent_dir;
+using detail::read_meta;
+using detail::sync_dir;
+using detail::TensorEntry;
 using detail::UnitState;
-using json = nlohmann::ordered_json;
+using detail::write_file_atomically;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int64_t kFormatVersion = 1;
-constexpr const char* kFormatName = "fsdp.cpp sharded checkpoint";
-constexpr int64_t kMaxMetaBytes = int64_t(1) << 28;  // 256 MiB of JSON is far beyond any model
-constexpr int64_t kMaxNumel = int64_t(1) << 48;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Files
-
-std::string errno_text() { return std::strerror(errno); }
-
-class File {
- public:
-  File(const std::string& path, int flags, mode_t mode = 0644) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    FSDP_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
-  }
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  void write(const void* data, int64_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)));
-      if (w < 0 && errno == EINTR) continue;
-      FSDP_CHECK(w > 0, "writing '", path_, "' failed: ", errno_text());
-      p += w;
-      n -= w;
-    }
-  }
-  void read_at(void* data, int64_t n, int64_t offset) const {
-    char* p = static_cast<char*>(data);
-    while (n > 0) {
-      ssize_t r = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), offset);
-      if (r < 0 && errno == EINTR) continue;
-      FSDP_CHECK(r >= 0, "reading '", path_, "' failed: ", errno_text());
-      FSDP_CHECK(r > 0, "'", path_, "' ended early (truncated?)");
-      p += r;
-      n -= r;
-      offset += r;
-    }
-  }
-  void sync_and_close() {
-    FSDP_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", errno_text());
-    const int fd = fd_;
-    fd_ = -1;
-    FSDP_CHECK(::close(fd) == 0, "closing '", path_, "' failed: ", errno_text());
-  }
-  int64_t size() const {
-    struct stat st {};
-    FSDP_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path_, "': ", errno_text());
-    return static_cast<int64_t>(st.st_size);
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-void sync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-std::string parent_dir(const std::string& path) {
-  fs::path p = fs::path(path).parent_path();
-  return p.empty() ? "." : p.string();
-}
-
-std::string read_text(const std::string& path, int64_t limit) {
-  File f(path, O_RDONLY);
-  const int64_t n = f.size();
-  FSDP_CHECK(n <= limit, "'", path, "' is ", n, " bytes, more than the ", limit,
-             " allowed; it is not a file fsdp wrote");
-  std::string s(static_cast<size_t>(n), '\0');
-  if (n > 0) f.read_at(s.data(), n, 0);
-  return s;
-}
-
-// Writes `text` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".partial";
-  File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-  f.write(text.data(), static_cast<int64_t>(text.size()));
-  f.sync_and_close();
-  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
-             "': ", errno_text());
-  sync_dir(parent_dir(path));
-}
-
-uint32_t crc32_of(const void* data, int64_t n, uint32_t crc = 0) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const auto len = static_cast<uInt>(std::min<int64_t>(n, 1 << 30));
-    crc = static_cast<uint32_t>(::crc32(crc, p, len));
-    p += len;
-    n -= len;
-  }
-  return crc;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Dtypes, named as safetensors names them.
-
-struct DtypeName {
-  at::ScalarType type;
-  const char* name;
-};
-const DtypeName kDtypes[] = {
-    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
-    {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
-    {at::kByte, "U8"},   {at::kBool, "BOOL"},
-};
-
-const char* dtype_name(at::ScalarType t) {
-  for (const auto& d : kDtypes) {
-    if (d.type == t) return d.name;
-  }
-  throw Error(cat("dtype ", t, " cannot be stored in a checkpoint; use a standard dtype"));
-}
-
-std::optional<at::ScalarType> dtype_from_name(const std::string& name) {
-  for (const auto& d : kDtypes) {
-    if (name == d.name) return d.type;
-  }
-  return std::nullopt;
-}
-
-int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    FSDP_CHECK(d >= 0 && d <= kMaxNumel && (d == 0 || n <= kMaxNumel / d), what,
-               " has an invalid shape; the file is corrupted");
-    n *= d;
-  }
-  return n;
-}
+// Messages
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   return cat(c10::IntArrayRef(shape));
@@ -282,32 +161,6 @@ void check_optimizer_params(const torch::optim::Optimizer& o, const Engine& e) {
 
 // ---------------------------------------------------------------------------------------------
 // The layout of a sharded checkpoint for the saving engine (identical on every rank).
-
-// A logical tensor of the checkpoint: a parameter, a buffer or one optimizer state of a parameter.
-struct TensorEntry {
-  std::string name;   // parameter or buffer name
-  std::string kind;   // "param", "buffer" or "optim"
-  std::string field;  // optimizer state name (kind "optim")
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> shape;
-  int64_t numel = 0;
-  std::vector<std::string> aliases;    // tied names (kind "param")
-  std::optional<int64_t> optim_step;   // kind "param": the step count of its optimizer state
-  bool optim_state = false;            // kind "param": it has optimizer state
-  std::string key() const { return kind == "optim" ? cat("optim/", field, "/", name) : cat(kind, "/", name); }
-};
-
-struct Chunk {
-  int64_t tensor = 0;  // index into the entries
-  int64_t file = 0;    // shard index s: shard-<s>.bin
-  int64_t offset = 0;  // bytes into the file
-  int64_t begin = 0, end = 0;  // elements of the flattened tensor
-  uint32_t crc = 0;
-  // Where the writer finds the data (valid on the writer only).
-  const UnitState* unit = nullptr;
-  int64_t shard_offset = 0;  // elements into the unit's flat shard
-  int64_t field = -1;        // -1: the parameter shard; else the optimizer state field
-};
 
 struct Layout {
   std::vector<TensorEntry> entries;
@@ -451,160 +304,7 @@ void set_cpu_rng_state(const at::Tensor& state) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// meta.json: reading and validating.
-
-struct FileEntry {
-  std::string name;
-  int64_t bytes = 0;
-  uint32_t crc = 0;
-};
-
-struct Meta {
-  std::string path;  // the checkpoint directory
-  int64_t world_size = 0;
-  std::string strategy;
-  std::vector<int64_t> mesh;
-  TrainingState state;
-  std::string optimizer;  // "" : none
-  std::vector<double> lrs;
-  std::vector<TensorEntry> entries;
-  std::vector<Chunk> chunks;  // file = index into files
-  std::vector<FileEntry> files;
-  int64_t rng_file = -1;  // index into files
-  int64_t rng_world = 0, rng_bytes = 0;
-};
-
-template <class T>
-T get_field(const json& j, const char* key, const std::string& where) {
-  FSDP_CHECK(j.is_object() && j.contains(key), where, " has no '", key, "'; the file is corrupted");
-  try {
-    return j.at(key).get<T>();
-  } catch (const std::exception&) {
-    throw Error(cat(where, " has an invalid '", key, "'; the file is corrupted"));
-  }
-}
-
-bool safe_file_name(const std::string& n) {
-  static const std::regex ok("[A-Za-z0-9._-]{1,128}");
-  return n != "." && n != ".." && std::regex_match(n, ok);
-}
-
-Meta read_meta(const std::string& path) {
-  struct stat st {};
-  FSDP_CHECK(::stat(path.c_str(), &st) == 0, "checkpoint '", path, "' does not exist (",
-             errno_text(), "); give a directory written by save_checkpoint, e.g. DIR/step-00000100");
-  FSDP_CHECK(S_ISDIR(st.st_mode), "checkpoint '", path, "' is not a directory; sharded "
-             "checkpoints are directories (full checkpoints load with import_full_checkpoint)");
-  const std::string meta_path = path + "/meta.json";
-  FSDP_CHECK(::stat(meta_path.c_str(), &st) == 0, "'", path, "' is not an fsdp checkpoint: it has "
-             "no meta.json (an interrupted save leaves only '<dir>.partial'); give a directory "
-             "written by save_checkpoint");
-  const std::string where = cat("checkpoint '", path, "': meta.json");
-  json j = json::parse(read_text(meta_path, kMaxMetaBytes), nullptr, /*allow_exceptions=*/false);
-  FSDP_CHECK(!j.is_discarded() && j.is_object(), where, " is not valid JSON; the file is corrupted");
-  FSDP_CHECK(get_field<std::string>(j, "format", where) == kFormatName, where,
-             " is not an fsdp.cpp sharded checkpoint");
-  const int64_t version = get_field<int64_t>(j, "format_version", where);
-  FSDP_CHECK(version >= 1 && version <= kFormatVersion, where, " has format version ", version,
-             ", which this fsdp.cpp does not read (it reads up to ", kFormatVersion,
-             "); load it with a newer fsdp.cpp");
-  Meta m;
-  m.path = path;
-  m.world_size = get_field<int64_t>(j, "world_size", where);
-  m.strategy = get_field<std::string>(j, "strategy", where);
-  m.mesh = get_field<std::vector<int64_t>>(j, "mesh", where);
-  const json& state = j.contains("state") ? j.at("state") : json();
-  m.state.step = get_field<int64_t>(state, "step", where + " state");
-  m.state.values = get_field<std::map<std::string, std::string>>(state, "values", where + " state");
-  if (j.contains("optimizer") && !j.at("optimizer").is_null()) {
-    m.optimizer = get_field<std::string>(j.at("optimizer"), "type", where + " optimizer");
-    m.lrs = get_field<std::vector<double>>(j.at("optimizer"), "lr", where + " optimizer");
-  }
-  std::map<std::string, int64_t> file_index;
-  for (const auto& f : get_field<json>(j, "files", where)) {
-    FileEntry fe;
-    fe.name = get_field<std::string>(f, "name", where + " files");
-    fe.bytes = get_field<int64_t>(f, "bytes", where + " files");
-    fe.crc = get_field<uint32_t>(f, "crc32", where + " files");
-    FSDP_CHECK(safe_file_name(fe.name) && fe.bytes >= 0 && !file_index.count(fe.name), where,
-               " lists an invalid file '", fe.name, "'; the file is corrupted");
-    file_index[fe.name] = static_cast<int64_t>(m.files.size());
-    m.files.push_back(fe);
-  }
-  for (const auto& t : get_field<json>(j, "tensors", where)) {
-    TensorEntry e;
-    const std::string w = where + " tensor";
-    e.name = get_field<std::string>(t, "name", w);
-    e.kind = get_field<std::string>(t, "kind", w);
-    FSDP_CHECK(e.kind == "param" || e.kind == "buffer" || e.kind == "optim", w, " '", e.name,
-               "' has unknown kind '", e.kind, "'; the file is corrupted");
-    if (e.kind == "optim") e.field = get_field<std::string>(t, "field", w);
-    auto dtype = dtype_from_name(get_field<std::string>(t, "dtype", w));
-    FSDP_CHECK(dtype, w, " '", e.name, "' has an unknown dtype; the file is corrupted");
-    e.dtype = *dtype;
-    FSDP_CHECK(e.kind == "buffer" || e.dtype == at::kFloat, w, " '", e.name,
-               "' is not F32; the file is corrupted");
-    e.shape = get_field<std::vector<int64_t>>(t, "shape", w);
-    e.numel = checked_numel(e.shape, cat(w, " '", e.name, "'"));
-    if (t.contains("aliases")) e.aliases = get_field<std::vector<std::string>>(t, "aliases", w);
-    if (t.contains("optim_step") && !t.at("optim_step").is_null()) {
-      e.optim_step = get_field<int64_t>(t, "optim_step", w);
-    }
-    if (t.contains("optim_state")) e.optim_state = get_field<bool>(t, "optim_state", w);
-    const int64_t index = static_cast<int64_t>(m.entries.size());
-    const int64_t elem = static_cast<int64_t>(c10::elementSize(e.dtype));
-    std::vector<std::pair<int64_t, int64_t>> covered;
-    for (const auto& c : get_field<json>(t, "chunks", w)) {
-      Chunk ch;
-      ch.tensor = index;
-      const std::string file = get_field<std::string>(c, "file", w);
-      FSDP_CHECK(file_index.count(file), w, " '", e.name, "' refers to file '", file,
-                 "', which meta.json does not list; the file is corrupted");
-      ch.file = file_index.at(file);
-      ch.offset = get_field<int64_t>(c, "offset", w);
-      ch.begin = get_field<int64_t>(c, "begin", w);
-      ch.end = get_field<int64_t>(c, "end", w);
-      ch.crc = get_field<uint32_t>(c, "crc32", w);
-      const int64_t fbytes = m.files[static_cast<size_t>(ch.file)].bytes;
-      FSDP_CHECK(ch.begin >= 0 && ch.begin < ch.end && ch.end <= e.numel && ch.offset >= 0 &&
-                     ch.offset <= fbytes && (ch.end - ch.begin) <= (fbytes - ch.offset) / elem,
-                 w, " '", e.name, "' has a chunk outside its tensor or file; the file is corrupted");
-      covered.emplace_back(ch.begin, ch.end);
-      m.chunks.push_back(ch);
-    }
-    std::sort(covered.begin(), covered.end());
-    int64_t next = 0;
-    for (const auto& [b, en] : covered) {
-      FSDP_CHECK(b == next, w, " '", e.name, "': its chunks do not cover its ", e.numel,
-                 " elements exactly once; the checkpoint is inconsistent");
-      next = en;
-    }
-    FSDP_CHECK(next == e.numel, w, " '", e.name, "': its chunks hold ", next, " of its ", e.numel,
-               " elements; the checkpoint is inconsistent");
-    m.entries.push_back(std::move(e));
-  }
-  if (j.contains("rng") && !j.at("rng").is_null()) {
-    const json& r = j.at("rng");
-    const std::string file = get_field<std::string>(r, "file", where + " rng");
-    FSDP_CHECK(file_index.count(file), where, " rng refers to an unlisted file");
-    m.rng_file = file_index.at(file);
-    m.rng_world = get_field<int64_t>(r, "world_size", where + " rng");
-    m.rng_bytes = get_field<int64_t>(r, "bytes_per_rank", where + " rng");
-    FSDP_CHECK(m.rng_world >= 1 && m.rng_bytes >= 1 && m.rng_bytes <= (1 << 20) &&
-                   m.rng_world * m.rng_bytes == m.files[static_cast<size_t>(m.rng_file)].bytes,
-               where, " rng sizes are inconsistent; the file is corrupted");
-  }
-  // Every listed file exists with the recorded size.
-  for (const auto& f : m.files) {
-    const std::string fp = path + "/" + f.name;
-    FSDP_CHECK(::stat(fp.c_str(), &st) == 0, "checkpoint '", path, "' is missing '", f.name,
-               "' (", errno_text(), "); the checkpoint is incomplete: use an earlier one");
-    FSDP_CHECK(static_cast<int64_t>(st.st_size) == f.bytes, "checkpoint '", path, "': '", f.name,
-               "' has ", static_cast<int64_t>(st.st_size), " bytes but meta.json records ",
-               f.bytes, " (truncated or replaced); use an earlier checkpoint");
-  }
-  return m;
-}
+// Reading (meta.json: checkpoint_meta.cpp).
 
 // Reads chunk `c` of meta `m` (whole, verifying its CRC) as a 1-D tensor of its dtype.
 at::Tensor read_chunk(const Meta& m, const Chunk& c, std::map<int64_t, std::unique_ptr<File>>& open) {
@@ -798,8 +498,8 @@ CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& mode
   err = capture([&] {
     if (rt.rank() != 0) return;
     json meta;
-    meta["format"] = kFormatName;
-    meta["format_version"] = kFormatVersion;
+    meta["format"] = kCheckpointFormatName;
+    meta["format_version"] = kCheckpointFormatVersion;
     meta["world_size"] = rt.world_size();
     meta["strategy"] = to_string(e.plan().strategy);
     meta["mesh"] = {e.plan().replicate_size(), e.plan().shard_size()};
@@ -1037,50 +737,6 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
   return info;
 }
 
-namespace {
-
-// Complete checkpoints in `dir`, by step.
-std::map<int64_t, std::string> complete_checkpoints(const std::string& dir) {
-  std::map<int64_t, std::string> out;
-  std::error_code ec;
-  static const std::regex name("step-([0-9]{1,18})");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch match;
-    const std::string n = entry.path().filename().string();
-    if (!std::regex_match(n, match, name) || !entry.is_directory(ec)) continue;
-    const std::string p = entry.path().string();
-    try {
-      read_meta(p);  // only complete, readable ones count
-    } catch (const Error&) {
-      continue;
-    }
-    out[std::stoll(match[1].str())] = p;
-  }
-  return out;
-}
-
-}  // namespace
-
-std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  auto all = complete_checkpoints(dir);
-  if (all.empty()) return std::nullopt;
-  return all.rbegin()->second;
-}
-
-void prune_checkpoints(const std::string& dir, int64_t keep) {
-  FSDP_CHECK(keep >= 1, "prune_checkpoints: keep ", keep, " must be at least 1");
-  auto all = complete_checkpoints(dir);
-  std::error_code ec;
-  int64_t extra = static_cast<int64_t>(all.size()) - keep;
-  for (auto it = all.begin(); it != all.end() && extra > 0; ++it, --extra) fs::remove_all(it->second, ec);
-  static const std::regex leftover("step-[0-9]{1,18}\\.(partial|old)");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), leftover)) fs::remove_all(entry.path(), ec);
-  }
-}
-
-TrainingState read_checkpoint_state(const std::string& path) { return read_meta(path).state; }
-
 // =============================================================================================
 // Full checkpoints
 
@@ -1148,12 +804,13 @@ class SafetensorsWriter final : public FullWriter {
 // PyTorch's zip format as torch.save writes it: data.pkl (a dict name -> tensor whose storages
 // are persistent ids "0", "1", ...), then one record data/<id> per tensor. The pickle is made
 // first from placeholder tensors (right shapes, no memory), so tensors can be written one by one.
+// The zip writer's destructor finishes an unfinished archive, so its sink never throws: the
+// first error is kept, later writes are dropped, and write()/finish() report it (issue 21).
 class PtWriter final : public FullWriter {
  public:
   PtWriter(const std::string& path, const std::vector<FullEntry>& entries)
-      : file_(path, O_WRONLY | O_CREAT | O_TRUNC),
-        zip_([this](const void* data, size_t n) {
-          file_.write(data, static_cast<int64_t>(n));
+      : file_(path, O_WRONLY | O_CREAT | O_TRUNC), zip_([this](const void* data, size_t n) {
+          if (error_.empty()) error_ = capture([&] { file_.write(data, static_cast<int64_t>(n)); });
           return n;
         }) {
     c10::Dict<std::string, at::Tensor> dict;
@@ -1179,18 +836,22 @@ class PtWriter final : public FullWriter {
     pickler.stop();
     zip_.writeRecord("data.pkl", pickle.data(), pickle.size());
     zip_.writeRecord("byteorder", "little", 6);
+    FSDP_CHECK(error_.empty(), error_);
   }
   void write(const at::Tensor& t) override {
     zip_.writeRecord(cat("data/", next_++), t.data_ptr(),
                      static_cast<size_t>(t.numel()) * t.element_size());
+    FSDP_CHECK(error_.empty(), error_);
   }
   void finish() override {
     zip_.writeEndOfFile();
+    FSDP_CHECK(error_.empty(), error_);
     file_.sync_and_close();
   }
 
  private:
-  File file_;
+  File file_;  // before zip_: its destructor writes into file_
+  std::string error_;
   caffe2::serialize::PyTorchStreamWriter zip_;
   int64_t next_ = 0;
 };

@@ -505,12 +505,15 @@ void Engine::root_abort_forward() {
   // M::forward threw: free whatever it gathered so the next forward starts clean.
   in_forward_ = false;
   for (auto& u : units_) {
-    // Called from a destructor while M::forward's error propagates: a second failure (another
-    // gather of the same dead peer) must not escape, or the rank dies by std::terminate.
-    try {
-      reshard(*u);
-    } catch (const std::exception&) {
-      reshard(*u);  // the failed gather is settled now; this only frees the buffer
+    // Called from a destructor while M::forward's error propagates: nothing may escape, or the
+    // rank dies by std::terminate. Each failed try settles one gather, and a unit has at most two
+    // pending (its frozen flat's and its own, when prefetched): the third try only frees.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      try {
+        reshard(*u);
+        break;
+      } catch (const std::exception&) {
+      }
     }
   }
 }

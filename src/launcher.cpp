@@ -25,6 +25,7 @@
 #include <deque>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include "fsdp/error.h"
 
@@ -125,26 +126,37 @@ std::string resolve_executable(const std::string& prog) {
 
 volatile sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+// SIGUSR1 and SIGUSR2 received so far (only the handler writes them), relayed to the ranks.
+volatile sig_atomic_t g_usr1_count = 0, g_usr2_count = 0;
+extern "C" void on_relay_signal(int sig) {
+  if (sig == SIGUSR1) g_usr1_count = g_usr1_count + 1;
+  if (sig == SIGUSR2) g_usr2_count = g_usr2_count + 1;
+}
 
-// Installs SIGINT/SIGTERM/SIGHUP handlers for the supervisor's lifetime and restores the old ones.
+// Installs SIGINT/SIGTERM/SIGHUP handlers (stop the ranks) and SIGUSR1/SIGUSR2 handlers (relay
+// them to the ranks: SLURM's --signal=B:USR1@T reaches only the batch step, i.e. the
+// supervisor) for the supervisor's lifetime, and restores the old ones.
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
     struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    for (int i = 0; i < kCount; ++i) {
+      sa.sa_handler = i < 3 ? on_stop_signal : on_relay_signal;
+      sigaction(kSignals[i], &sa, &old_[i]);
+    }
   }
   ~StopSignals() {
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    for (int i = 0; i < kCount; ++i) sigaction(kSignals[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_[3];
+  static constexpr int kCount = 5;
+  static constexpr int kSignals[kCount] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+  struct sigaction old_[kCount];
 };
 
 struct Child {
@@ -607,37 +619,48 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
   int stop_signal = 0;
   Clock::time_point first_failure_at{}, term_sent_at{};
   bool term_sent = false, kill_sent = false;
+  sig_atomic_t usr1_relayed = g_usr1_count, usr2_relayed = g_usr2_count;
 
   while (running > 0) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
-    if (pid > 0) {
-      for (auto& c : children) {
-        if (c.pid != pid || !c.running) continue;
-        if (WIFSTOPPED(status)) {
-          c.stop_signal = WSTOPSIG(status);
-          c.stopped_at = Clock::now();
-          if (term_sent) ::kill(c.pid, SIGKILL);  // a stopped rank cannot handle SIGTERM
-          continue;
-        }
-        if (WIFCONTINUED(status)) {
-          c.stop_signal = 0;
-          continue;
-        }
-        c.running = false;
-        c.status = status;
-        --running;
-        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !term_sent && stop_signal == 0 && g_stop_signal == 0) {
-          if (failed.empty()) first_failure_at = Clock::now();
-          failed.push_back(c.local_rank);
-        }
+    bool reaped = false;
+    for (auto& c : children) {
+      // Our own pids only: a program that links fsdp may have children of its own (issue 21).
+      int status = 0;
+      if (!c.running || ::waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED) != c.pid) {
+        continue;
       }
-      continue;  // reap everything that is ready before deciding
+      reaped = true;
+      if (WIFSTOPPED(status)) {
+        c.stop_signal = WSTOPSIG(status);
+        c.stopped_at = Clock::now();
+        if (term_sent) ::kill(c.pid, SIGKILL);  // a stopped rank cannot handle SIGTERM
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        c.stop_signal = 0;
+        continue;
+      }
+      c.running = false;
+      c.status = status;
+      --running;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !term_sent && stop_signal == 0 && g_stop_signal == 0) {
+        if (failed.empty()) first_failure_at = Clock::now();
+        failed.push_back(c.local_rank);
+      }
     }
+    if (reaped) continue;  // reap everything that is ready before deciding
     if (g_stop_signal != 0 && stop_signal == 0) {
       stop_signal = g_stop_signal;
       stopping = true;
+    }
+    for (auto [count, relayed, sig] : {std::tuple{g_usr1_count, &usr1_relayed, SIGUSR1},
+                                       std::tuple{g_usr2_count, &usr2_relayed, SIGUSR2}}) {
+      if (count == *relayed) continue;
+      *relayed = count;
+      for (auto& c : children) {
+        if (c.running) ::kill(c.pid, sig);
+      }
     }
     if (test_kill.local_rank >= 0 && !test_killed && attempt == 0 &&
         test_kill.local_rank < opts.nproc_per_node &&
@@ -660,7 +683,8 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
       term_sent = true;
       term_sent_at = Clock::now();
     }
-    if (term_sent && !kill_sent && Clock::now() - term_sent_at > opts.grace) {
+    const auto grace = stop_signal != 0 ? std::max(opts.grace, opts.signal_grace) : opts.grace;
+    if (term_sent && !kill_sent && Clock::now() - term_sent_at > grace) {
       for (auto& c : children) {
         if (c.running) ::kill(c.pid, SIGKILL);
       }

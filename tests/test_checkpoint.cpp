@@ -414,7 +414,7 @@ TEST_F(BadCheckpoint, MissingShardFile) {
 TEST_F(BadCheckpoint, FutureFormatVersion) {
   const std::string dir = copy();
   edit_meta(dir, [](nlohmann::json& j) { j["format_version"] = 99; });
-  load_on_two(dir, "has format version 99, which this fsdp.cpp does not read");
+  load_on_two(dir, "was written by format 99; this fsdp.cpp reads up to 1");
 }
 
 TEST_F(BadCheckpoint, NotACheckpoint) {
@@ -607,6 +607,34 @@ TEST_F(FullCheckpoint, BadFilesFailOnEveryRank) {
       import_full_checkpoint(model, path);
     }, expected);
   }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// A disk that fills up during a .pt export (issue 21): the zip writer's destructor used to write
+// the end of the archive through the same failing file, throwing inside a noexcept destructor
+// (std::terminate). The first error is reported, once, and nothing is left behind.
+namespace {
+
+TEST(FullCheckpointFailure, DiskFullDuringPtExportIsAnError) {
+  TempDir tmp;
+  const std::string file = tmp / "model.pt";
+  fs::create_symlink("/dev/full", file + ".partial");  // every write: ENOSPC
+  torch::nn::Linear plain(8, 8);
+  try {
+    save_full_checkpoint(*plain, file);
+    ADD_FAILURE() << "a full disk went unnoticed";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(file));
+  fs::create_symlink("/dev/full", file + ".partial");
+  expect_every_rank_fails(2, [&](Runtime& rt) {
+    auto model = shard(make_net(), strategy(ShardingStrategy::kFullShard, {2}), borrow(rt));
+    export_full_checkpoint(model, file);
+  }, "No space left on device");
+  EXPECT_FALSE(fs::exists(file));
 }
 
 }  // namespace

@@ -525,6 +525,32 @@ TEST(Engine, FailedGatherInForwardReachesTheCaller) {
       0, std::chrono::seconds(2));
 }
 
+// The same with frozen parameters and prefetch (issue 21): a prefetched unit then has two
+// gathers pending (its frozen flat's and its own), and the forward's cleanup used to retry the
+// unit once, so the second failed gather escaped ~RootForwardScope (std::terminate).
+TEST(Engine, FailedGathersOfAPrefetchedUnitWithFrozenParametersReachTheCaller) {
+  run_ranks(
+      2,
+      [&](Runtime& rt) {
+        auto net = three_linears();
+        for (auto& p : net->named_parameters()) {
+          if (p.key().find("bias") != std::string::npos) p.value().requires_grad_(false);
+        }
+        auto model = shard(
+            net, FSDPStrategy().auto_wrap_policy(WrapPolicy::by_type<torch::nn::LinearImpl>()),
+            std::shared_ptr<Runtime>(&rt, [](Runtime*) {}));
+        const auto x = torch::randn({4, 8});
+        {
+          torch::NoGradGuard no_grad;
+          (void)model(x);  // both ranks: records the order that the next forward prefetches in
+        }
+        if (rt.rank() == 1) return;  // "dies"
+        expect_gather_error([&] { (void)model(x); }, "forward");
+        expect_gather_error([&] { (void)model(x); }, "second forward");
+      },
+      0, std::chrono::seconds(2));
+}
+
 TEST(Engine, FailedGatherInBackwardReachesTheCaller) {
   run_ranks(
       2,

@@ -645,3 +645,25 @@ TEST(Launcher, RanksStillSeeATerminal) {
   EXPECT_NE(r.output.find("\r[########################] step 3/3"), std::string::npos) << r.output;
   EXPECT_EQ(count(r.output, "step 3/3"), 1) << r.output;  // rank 0's bar only
 }
+
+namespace {
+
+// supervise() runs inside programs that link fsdp, which may have children of their own: it
+// must reap only its ranks (issue 21: it reaped with waitpid(-1), taking the program's child's
+// exit status, so the program's own waitpid then failed with ECHILD).
+TEST(Launcher, SuperviseLeavesTheProgramsOwnChildrenAlone) {
+  const pid_t mine = ::fork();
+  ASSERT_GE(mine, 0);
+  if (mine == 0) {
+    ::usleep(100 * 1000);  // exits while supervise() waits for its rank
+    ::_exit(7);
+  }
+  fsdp::LaunchOptions opts;
+  opts.nproc_per_node = 1;
+  EXPECT_EQ(fsdp::supervise(opts, {"/bin/sh", "-c", "sleep 0.5"}), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(mine, &status, 0), mine) << "supervise() reaped a child that is not a rank";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
+}
+
+}  // namespace

@@ -26,6 +26,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime_internal.h"
 
 extern char** environ;
@@ -257,5 +259,28 @@ double time_scale() {
 
 std::string binary_dir() { return FSDP_TEST_BINARY_DIR; }
 std::string tool_dir() { return FSDP_TOOL_DIR; }
+
+std::vector<int> children_of(int pid, size_t n) {
+  const std::string path =
+      "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
+  std::vector<int> pids;
+  for (int i = 0; i < 600 && pids.size() < n; ++i) {
+    std::ifstream in(path);
+    pids.clear();
+    for (int p; in >> p;) pids.push_back(p);
+    if (pids.size() < n) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pids;
+}
+
+std::map<int64_t, double> metrics_losses(const std::string& file) {
+  std::map<int64_t, double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
 
 }  // namespace fsdp::testing

@@ -89,6 +89,12 @@ std::vector<std::string> tcp_sockets(int port, const std::string& state);
 // A TCP port nobody listens on right now.
 int free_port();
 
+// The pids of `pid`'s children, polled until there are `n` (for at most 30 s).
+std::vector<int> children_of(int pid, size_t n);
+
+// step -> loss of an fsdp-train --metrics file (JSON Lines).
+std::map<int64_t, double> metrics_losses(const std::string& file);
+
 // How much slower than a plain build this one runs (FSDP_TEST_TIME_SCALE, default 1; `make
 // sanitize` sets 3): tests that bound a duration multiply the timeouts they set and the bounds they
 // check by it, so that what they compare (one timeout, not two) stays the same at sanitizer speed.

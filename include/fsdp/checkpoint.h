@@ -34,8 +34,9 @@
 // The directory is written as "<path>.partial" and renamed to <path> only after every rank has
 // written and fsync'ed its files and rank 0 has written meta.json, so a crash at any moment
 // leaves earlier checkpoints intact; latest_checkpoint() only considers complete "step-N"
-// directories. Loading maps every chunk by parameter name and element range onto the new
-// layout, so the saving and loading meshes are unrelated; every size and offset read from a file
+// directories, and list_checkpoints() says what every entry is and why one cannot be loaded.
+// Loading maps every chunk by parameter name and element range onto the new layout, so the
+// saving and loading meshes are unrelated; every size and offset read from a file
 // is checked against the file before use, and every chunk's CRC-32 is verified on read.
 // The directory must be on a filesystem every rank sees (one machine, or a shared filesystem).
 // For fault-injection tests, FSDP_TEST_CHECKPOINT_PAUSE_MS=N makes writers sleep N ms after
@@ -99,13 +100,61 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
 // "<dir>/step-<step, 8 digits>": where save_checkpoint's callers put step `step`.
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
-// The complete checkpoint with the highest step in `dir` (a "step-N" directory with a readable
-// meta.json), or nullopt if there is none. Partial and foreign entries are ignored. Local.
+// What an entry of a checkpoint directory is (list_checkpoints).
+enum class CheckpointStatus {
+  kComplete,  // meta.json valid, every file it lists present with its recorded size
+  kPartial,   // "step-N.partial": a save that did not finish (a crash); never loaded
+  kInvalid,   // a "step-N" directory that cannot be loaded; `reason` says why
+};
+const char* to_string(CheckpointStatus status);  // "complete", "partial", "invalid"
+
+struct CheckpointEntry {
+  std::string path;
+  int64_t step = 0;  // N of the entry's name
+  CheckpointStatus status = CheckpointStatus::kInvalid;
+  std::string reason;  // kInvalid: one line naming the checkpoint, the file and the problem
+};
+
+// Every checkpoint entry of `dir` ("step-N" directories and "step-N.partial" leftovers), by
+// step, oldest first; other names are not entries. Each "step-N" is checked as load_checkpoint
+// checks it before reading any data — meta.json parsed and validated (format version, file
+// names inside the directory, shapes, offsets and sizes) and every file present with its
+// recorded size — but no CRC is computed (verify_checkpoint does that). A "step-N.old" (a re-save
+// of step N that died between its two renames) is listed as step N when "step-N" itself is not
+// complete: then it is the only good copy. A missing `dir` gives an empty list. Local.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
+
+// The path of the newest complete entry of list_checkpoints(dir), or nullopt if there is none.
+// Invalid and partial entries are skipped without a word: a program that must not resume from
+// an older checkpoint than the newest one on disk (fsdp-train --resume) looks at
+// list_checkpoints itself. Local.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Deletes all but the newest `keep` complete checkpoints in `dir`, and partial ones left by
-// crashes. Local: call on one rank (e.g. rank 0) after a save.
+// Deletes all but the newest `keep` complete checkpoints in `dir`, partial ones left by crashes,
+// and "step-N.old" copies whose "step-N" is complete. Invalid entries are never deleted: they are
+// the evidence of what went wrong. Local: call on one rank (e.g. rank 0) after a save.
 void prune_checkpoints(const std::string& dir, int64_t keep);
+
+// What a checkpoint holds (verify_checkpoint).
+struct CheckpointSummary {
+  std::string path;
+  int64_t step = 0;
+  int64_t format_version = 0;
+  std::string strategy;       // e.g. "FULL_SHARD"
+  std::vector<int64_t> mesh;  // (replicate, shard)
+  int64_t world_size = 0;
+  std::string optimizer;      // e.g. "adamw"; "" : none
+  int64_t tensors = 0;        // parameters, buffers and optimizer states
+  int64_t parameter_numel = 0;
+  int64_t files = 0;          // meta.json included
+  int64_t bytes = 0;          // all files, meta.json included
+  bool rng = false;           // every rank's RNG state is saved
+};
+
+// Validates the checkpoint at `path` completely, without a cluster or a model: meta.json as
+// list_checkpoints does, then every byte of every file against its chunks' and its own CRC-32.
+// Throws fsdp::Error naming the file and the problem. Local; reads the whole checkpoint.
+CheckpointSummary verify_checkpoint(const std::string& path);
 
 // The step and caller state recorded in a checkpoint's meta.json (validated). Local.
 TrainingState read_checkpoint_state(const std::string& path);

@@ -8,7 +8,8 @@
 // a frozen (stopped) rank, then one killed by a signal, then one that aborted, then one that
 // exited non-zero). With max_restarts > 0 it then starts every rank again, up to that many times,
 // exporting TORCHELASTIC_RESTART_COUNT like torchrun. SIGINT/SIGTERM to the supervisor stop every
-// rank. Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
+// rank (SIGTERM, which a rank may handle, e.g. by saving, within the grace period); SIGUSR1 and
+// SIGUSR2 to the supervisor are relayed to every rank (SLURM's --signal=B:USR1@T). Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
 // stderr passes through the supervisor (a pseudo-terminal when the supervisor's stderr is one), so
 // that a line every rank writes, such as an error they all found, is shown once, naming the ranks
 // (NOTE [rank output] in launcher.cpp).
@@ -40,6 +41,9 @@ struct LaunchOptions {
   int64_t threads = 0;
   // Time between SIGTERM and SIGKILL when stopping ranks.
   std::chrono::milliseconds grace{3000};
+  // The same when the supervisor itself got SIGINT/SIGTERM (a preemption), if longer than
+  // `grace`: ranks that save on SIGTERM get this long. A rank's failure still gives `grace`.
+  std::chrono::milliseconds signal_grace{0};
   // How long a line one rank wrote to stderr waits for the same line from the other ranks of this
   // node, so that it is shown once ("... [ranks 0-3]"; NOTE [rank output] in launcher.cpp). Lines
   // of different ranks leave in the order they arrived either way. 0 forwards every line at once.

@@ -2,8 +2,8 @@
 // anything: CLI11 parses the flags that add_flags declares, then fsdp::validate(launch) and
 // check_options(). The input is the argument list, one argument per line. Flags that name files
 // to create or read (--metrics, --plot, --data, --val-data, --init-from, --checkpoint-dir,
-// --resume, --export-full, --export-llmc, and CLI11's --config) make the input uninteresting: the
-// fuzzer must not write files where an input tells it to.
+// --resume, --export-full, --export-llmc, --check-checkpoint and CLI11's --config) make the input
+// uninteresting: the fuzzer must not write files where an input tells it to.
 #include <CLI/CLI.hpp>
 
 #include <cstddef>
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (std::getline(lines, line)) {
     for (const char* f : {"--metrics", "--plot", "--data", "--val-data", "--init-from",
                           "--checkpoint-dir", "--export-full", "--export-llmc", "--resume",
-                          "--config"}) {
+                          "--config", "--check-checkpoint"}) {
       if (line.find(f) != std::string::npos) return -1;  // not added to the corpus
     }
     args.push_back(line);

@@ -5,7 +5,8 @@
 # the losses of `fsdp-train --devices 4`; that concurrent steps of one allocation get their own
 # rendezvous; that --master-port works under srun; that uneven tasks per node fail at once on
 # every rank; that a step on some of the job's nodes meets on its own first node; and that
-# -m cyclic still keeps shard groups inside nodes.
+# -m cyclic still keeps shard groups inside nodes; and that a batch job saved on SIGUSR1 requeues
+# itself (--requeue) and the requeued job resumes with the uninterrupted losses.
 #   usage: slurm_test.sh BUILD_DIR        (exit 77: skipped, with the reason)
 set -u
 BUILD=$(cd "$1" && pwd)
@@ -116,5 +117,35 @@ if grep -q "spans" "$D/cyclic.out"; then
 else
   pass "-m cyclic: no shard group spans nodes"
 fi
+
+# Preemption (README "Preemption and requeue"): the README's requeue script. SIGUSR1 to the batch
+# shell (scancel --signal=USR1 --batch, what --signal=B:USR1@T sends) saves the current step;
+# --requeue puts the job back in the queue; the requeued job resumes and finishes, and the two
+# runs' losses together equal one uninterrupted run's.
+RQ=("$BUILD/fsdp-train" --model tiny --steps 40 --quiet --timeout 60 --devices 4)
+"${RQ[@]}" --metrics "$D/rq-ref.jsonl" >"$D/rq-ref.out" 2>&1 ||
+  fail "reference run for requeue: $(tail -n 3 "$D/rq-ref.out")"
+cat >"$D/requeue.sbatch" <<SCRIPT
+#!/bin/bash
+#SBATCH -N1 -c 4 --requeue --open-mode=append
+exec ${RQ[*]} --checkpoint-dir $D/rq --resume --requeue --metrics $D/rq-\${SLURM_RESTART_COUNT:-0}.jsonl
+SCRIPT
+job=$(sbatch --parsable -o "$D/requeue.out" "$D/requeue.sbatch" 2>"$D/requeue-submit.err")
+[ -n "$job" ] || fail "sbatch of the requeue script: $(cat "$D/requeue-submit.err")"
+for _ in $(seq 600); do
+  [ -f "$D/rq-0.jsonl" ] && [ "$(wc -l <"$D/rq-0.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+scancel --signal=USR1 --batch "$job"
+for _ in $(seq 900); do  # the requeued job waits for its begin time, then runs to the end
+  [ -f "$D/rq-1.jsonl" ] && [ "$(wc -l <"$D/rq-1.jsonl")" -ge 1 ] &&
+    [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+  sleep 0.2
+done
+expect_contains "requeue: saved on SIGUSR1" "fsdp-train: SIGUSR1: saved step" "$D/requeue.out"
+expect_contains "requeue: requeued" "fsdp-train: requeued SLURM job $job" "$D/requeue.out"
+expect_contains "requeue: resumed" "fsdp-train: resumed from $D/rq/step-" "$D/requeue.out"
+cat "$D/rq-0.jsonl" "$D/rq-1.jsonl" >"$D/rq-both.jsonl" 2>/dev/null
+expect_same_losses "requeued job (saved on SIGUSR1, resumed)" "$D/rq-both.jsonl" "$D/rq-ref.jsonl"
 
 finish

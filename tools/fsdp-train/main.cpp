@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
 #include "options.h"
+#include "resume.h"
 #include "train.h"
 
 namespace {
@@ -58,6 +60,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return fail(2, std::string(e.what()) + " (see fsdp-train --help)");
+  }
+
+  // An operator's check of a checkpoint: no cluster, no training.
+  if (!o.check_checkpoint.empty()) {
+    try {
+      return fsdp_train::run_check_checkpoint(o.check_checkpoint);
+    } catch (const std::exception& e) {
+      return fail(1, fsdp::error_message(e));
+    }
   }
 
   // Usage errors: everything is checked here, before any process or thread starts.
@@ -101,6 +112,12 @@ int main(int argc, char** argv) {
     return fail(2, fsdp::error_message(e));
   }
 
+  // A rank that saves on SIGTERM (NOTE [preemption]) needs more than the supervisor's usual
+  // grace before SIGKILL when the job is interrupted: its step and the save.
+  if (!plan.save_signals.empty()) {
+    o.launch.signal_grace =
+        std::chrono::milliseconds(static_cast<int64_t>((o.signal_save_timeout + 60) * 1000));
+  }
   try {
     if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
     if (env.kind == fsdp::ClusterKind::kSingle) {

@@ -21,6 +21,7 @@
 #include "fsdp/report.h"
 #include "llmc.h"
 #include "plot.h"
+#include "preempt.h"
 
 namespace fsdp_train {
 
@@ -431,11 +432,35 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "steps between checkpoints (and one at the end); 0 = only at the end")
       ->group(ckpt);
   app.add_flag("--resume", o.resume,
-               "continue from the latest complete checkpoint in --checkpoint-dir (on any mesh, "
-               "strategy or world size); starts fresh, saying so, if there is none")
+               "continue from the newest checkpoint in --checkpoint-dir (on any mesh, strategy "
+               "or world size); fails on every rank, naming the file and the reason, if that "
+               "checkpoint is damaged; starts fresh, saying so, only if there is none")
+      ->group(ckpt);
+  app.add_flag("--resume-fallback", o.resume_fallback,
+               "with --resume: skip damaged newest checkpoints, printing each one and why, and "
+               "resume from the newest valid one")
+      ->group(ckpt);
+  app.add_option("--check-checkpoint", o.check_checkpoint,
+                 "verify a checkpoint (DIR/step-NNNNNNNN: meta.json, every file's size, every "
+                 "CRC-32), print its step, strategy, mesh, tensors and bytes, and exit (1 if "
+                 "invalid); given a --checkpoint-dir, every entry; starts no ranks")
+      ->type_name("PATH")
       ->group(ckpt);
   app.add_option("--keep-last", o.keep_last,
                  "keep only the newest K checkpoints in --checkpoint-dir; 0 = keep all")
+      ->group(ckpt);
+  app.add_option("--save-on-signal", o.save_on_signal,
+                 "with --checkpoint-dir: on the first of these signals every rank finishes its "
+                 "step, saves a checkpoint and exits with 128 + the signal (143 TERM, 130 INT, "
+                 "138 USR1); a second SIGINT stops at once; none = default actions")
+      ->type_name("LIST")
+      ->group(ckpt);
+  app.add_flag("--requeue", o.requeue,
+               "after a --save-on-signal save, rank 0 runs 'scontrol requeue $SLURM_JOB_ID'")
+      ->group(ckpt);
+  app.add_option("--signal-save-timeout", o.signal_save_timeout,
+                 "seconds a --save-on-signal save may take; past it every rank exits anyway, "
+                 "saying so")
       ->group(ckpt);
   app.add_option("--export-full", o.export_full,
                  "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
@@ -626,11 +651,22 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every,
              " is invalid; use 0 (only at the end) or more");
   FSDP_CHECK(o.keep_last >= 0, "--keep-last ", o.keep_last, " is invalid; use 0 (keep all) or more");
+  FSDP_CHECK(!o.resume_fallback || o.resume, "--resume-fallback only applies to --resume; add "
+             "--resume or drop --resume-fallback");
   const bool needs_dir = o.resume || o.checkpoint_every > 0 || o.keep_last > 0;
   FSDP_CHECK(!needs_dir || !o.checkpoint_dir.empty(),
              o.resume ? "--resume" : o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last",
              " needs --checkpoint-dir DIR; add it");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
+  const std::vector<int> signals = parse_signal_list(o.save_on_signal);
+  if (!o.checkpoint_dir.empty()) p.save_signals = signals;
+  FSDP_CHECK(std::isfinite(o.signal_save_timeout) && o.signal_save_timeout >= 1 &&
+                 o.signal_save_timeout <= 86400,
+             "--signal-save-timeout ", o.signal_save_timeout, " is invalid; use seconds in [1, "
+             "86400], e.g. 120");
+  FSDP_CHECK(!o.requeue || !p.save_signals.empty(), "--requeue requeues after a save on a "
+             "signal, which needs --checkpoint-dir DIR and --save-on-signal other than none; "
+             "add them or drop --requeue");
   if (!o.export_full.empty()) {
     check_output_path("--export-full", o.export_full);
     const std::string e = lower(o.export_full);

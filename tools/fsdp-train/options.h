@@ -91,7 +91,14 @@ struct TrainOptions {
   // Checkpoints (fsdp/checkpoint.h).
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // steps between sharded checkpoints; 0 = only at the end
-  bool resume = false;          // continue from the latest complete checkpoint in checkpoint_dir
+  bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
+  bool resume_fallback = false; // --resume skips invalid newest entries (naming each) instead of failing
+  std::string check_checkpoint; // verify this checkpoint (or directory of them) and exit
+  // Preemption (NOTE [preemption] in preempt.h): with checkpoint_dir, these signals make every
+  // rank finish its step, save and exit 128 + signal; "none" keeps their default action.
+  std::string save_on_signal = "TERM,INT,USR1";
+  bool requeue = false;             // after that save, rank 0 runs scontrol requeue $SLURM_JOB_ID
+  double signal_save_timeout = 120; // seconds the save may take before the rank exits anyway
   int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
   std::string export_llmc;      // llm.c model.bin written at the end (--model gpt2)
@@ -131,6 +138,7 @@ struct TrainPlan {
   bool deferred_init = true;  // --init deferred
   DataSource data;
   DataSource val;  // empty files: no --val-data
+  std::vector<int> save_signals;  // --save-on-signal, resolved; empty without --checkpoint-dir
 };
 
 // --init-from: whether `path` is read as an llm.c model file (anything but a directory, a

@@ -28,6 +28,8 @@
 #include "memory_account.h"
 #include "plot.h"
 #include "token_data.h"
+#include "preempt.h"
+#include "resume.h"
 
 namespace fsdp_train {
 
@@ -138,6 +140,7 @@ enum Stat : int64_t {
   kCommShard,      // payload issued this step on the shard group, bytes
   kCommReplicate,  // ... on the replicate group
   kCommWorld,      // ... on the world group (not counting these metrics)
+  kSignal,         // a --save-on-signal signal this rank received, 0 if none (NOTE [preemption])
   kNumStats,
 };
 
@@ -487,9 +490,23 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
                          o.data_order == "sequential");
     int64_t first_step = 0;
     if (o.resume) {
-      // Every rank looks; they see the same directory (save_checkpoint checks that).
-      std::optional<std::string> latest = fsdp::latest_checkpoint(o.checkpoint_dir);
-      runtime->check_agreement("latest checkpoint", latest.value_or("(none)"));
+      // Every rank looks and decides; the ranks compare decisions through the store before any
+      // collective, so a damaged checkpoint is the same error on every rank (resume.h).
+      ResumeChoice choice;
+      std::string error;
+      try {
+        choice = choose_resume(fsdp::list_checkpoints(o.checkpoint_dir), o.checkpoint_dir,
+                               o.resume_fallback);
+      } catch (const fsdp::Error& e) {
+        error = e.what();
+      }
+      runtime->check_agreement("--resume's checkpoint", error.empty() ? choice.path.value_or("(none)")
+                                                                      : error);
+      if (!error.empty()) throw fsdp::Error(error);
+      if (lead) {
+        for (const auto& line : choice.notes) std::printf("%s\n", line.c_str());
+      }
+      const std::optional<std::string>& latest = choice.path;
       if (latest) {
         fsdp::TrainingState state;
         ckpt.loaded = fsdp::load_checkpoint(*latest, model, &optimizer, &state);
@@ -508,9 +525,6 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
                         state.values.at("settings").c_str());
           }
         }
-      } else if (lead) {
-        std::printf("fsdp-train: --resume: no complete checkpoint in %s yet; starting fresh\n",
-                    o.checkpoint_dir.c_str());
       }
       std::fflush(stdout);
     }
@@ -524,6 +538,29 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       ++ckpt.saves;
       if (lead && o.keep_last > 0) fsdp::prune_checkpoints(o.checkpoint_dir, o.keep_last);
     };
+    // Every rank saw `sig` after step `steps_done`: save it, bounded, then requeue (rank 0).
+    auto stop_on_signal = [&](int sig, int64_t steps_done) {
+      const std::string name = signal_name(sig);
+      const std::string path = fsdp::checkpoint_path(o.checkpoint_dir, steps_done);
+      Deadline deadline(o.signal_save_timeout, 128 + sig,
+                        cat("fsdp-train: error: rank ", rank, ": the save of step ", steps_done,
+                            " on ", name, " did not finish within --signal-save-timeout ",
+                            o.signal_save_timeout, " s; exiting without it"));
+      if (ckpt.saves == 0 || ckpt.last_save.path != path) save(steps_done);  // unless periodic
+      if (lead) {
+        std::printf("\nfsdp-train: %s: saved step %lld to %s; exiting with status %d (continue "
+                    "with --resume)\n", name.c_str(), static_cast<long long>(steps_done),
+                    path.c_str(), 128 + sig);
+        std::fflush(stdout);
+        if (o.requeue) {
+          requeue_slurm_job();
+          std::printf("fsdp-train: requeued SLURM job %s\n", std::getenv("SLURM_JOB_ID"));
+          std::fflush(stdout);
+        }
+      }
+    };
+    PreemptSignals preempt(p.save_signals);
+    int stopped_by = 0;  // the signal every rank stopped on (NOTE [preemption])
     Progress progress(o.steps, lead && !o.quiet);
     const int64_t K = o.grad_accum, T = o.seq_len;
     const auto world = runtime->world();
@@ -548,6 +585,10 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     };
     if (first_step == 0) validate(0);  // llm.c's convention: also before any update
     for (int64_t step = first_step; step < o.steps; ++step) {
+      if (stopped_by != 0) {  // seen by every rank after the previous step
+        stop_on_signal(stopped_by, step);
+        return 128 + stopped_by;  // saved; the summary is for finished runs
+      }
       const auto t0 = Clock::now();
       const auto comm_before = model.comm_counters();
       const std::vector<int64_t> offsets = sampler.next();
@@ -586,6 +627,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       m[kShardedState] = double(mem.sharded_state_bytes());
       m[kGatheredPeak] = double(mem.unsharded_peak_bytes);
       m[kPeakRss] = double(peak_rss_bytes());
+      m[kSignal] = double(preempt.received());
       for (size_t g = 0; g < comm_after.size(); ++g) {
         const double bytes = double((comm_after[g].second - comm_before[g].second).total_bytes());
         const std::string& kind = comm_after[g].first;
@@ -608,6 +650,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       FSDP_CHECK(std::isfinite(rec.loss), "the loss is ", rec.loss, " at step ", step + 1,
                  "; training diverged: lower --lr (", o.lr, ") or enable --clip-grad");
       records.push_back(rec);
+      stopped_by = static_cast<int>(rec.max[kSignal]);  // the same on every rank
       if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
           (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
         save(step + 1);

@@ -1,0 +1,109 @@
+// File operations of checkpoints (see checkpoint_io.h).
+#include "checkpoint_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "fsdp/error.h"
+
+namespace fsdp::detail {
+
+std::string errno_text() { return std::strerror(errno); }
+
+File::File(const std::string& path, int flags, mode_t mode) : path_(path) {
+  fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  FSDP_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void File::write(const void* data, int64_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)));
+    if (w < 0 && errno == EINTR) continue;
+    FSDP_CHECK(w > 0, "writing '", path_, "' failed: ", errno_text());
+    p += w;
+    n -= w;
+  }
+}
+
+void File::read_at(void* data, int64_t n, int64_t offset) const {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), offset);
+    if (r < 0 && errno == EINTR) continue;
+    FSDP_CHECK(r >= 0, "reading '", path_, "' failed: ", errno_text());
+    FSDP_CHECK(r > 0, "'", path_, "' ended early (truncated?)");
+    p += r;
+    n -= r;
+    offset += r;
+  }
+}
+
+void File::sync_and_close() {
+  FSDP_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", errno_text());
+  const int fd = fd_;
+  fd_ = -1;
+  FSDP_CHECK(::close(fd) == 0, "closing '", path_, "' failed: ", errno_text());
+}
+
+int64_t File::size() const {
+  struct stat st {};
+  FSDP_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path_, "': ", errno_text());
+  return static_cast<int64_t>(st.st_size);
+}
+
+void sync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string parent_dir(const std::string& path) {
+  std::filesystem::path p = std::filesystem::path(path).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+std::string read_text(const std::string& path, int64_t limit) {
+  File f(path, O_RDONLY);
+  const int64_t n = f.size();
+  FSDP_CHECK(n <= limit, "'", path, "' is ", n, " bytes, more than the ", limit,
+             " allowed; it is not a file fsdp wrote");
+  std::string s(static_cast<size_t>(n), '\0');
+  if (n > 0) f.read_at(s.data(), n, 0);
+  return s;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".partial";
+  File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+  f.write(text.data(), static_cast<int64_t>(text.size()));
+  f.sync_and_close();
+  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '", tmp, "' to '", path,
+             "': ", errno_text());
+  sync_dir(parent_dir(path));
+}
+
+uint32_t crc32_of(const void* data, int64_t n, uint32_t crc) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const auto len = static_cast<uInt>(std::min<int64_t>(n, 1 << 30));
+    crc = static_cast<uint32_t>(::crc32(crc, p, len));
+    p += len;
+    n -= len;
+  }
+  return crc;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,52 @@
+// checkpoint_io.h (internal): the file operations checkpoints are made of — a file descriptor
+// that reports errors as fsdp::Error naming the file, whole-file reads with a size limit, atomic
+// replacement, directory fsync and CRC-32. Used by checkpoint.cpp (writing and loading),
+// checkpoint_meta.cpp (meta.json) and checkpoint_inspect.cpp (verification). Not thread-safe per
+// object; distinct objects may be used from different threads.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::detail {
+
+// strerror(errno), read at the call.
+std::string errno_text();
+
+// An open file descriptor (RAII). Every failure throws fsdp::Error naming the path.
+class File {
+ public:
+  File(const std::string& path, int flags, mode_t mode = 0644);
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write(const void* data, int64_t n);
+  // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").
+  void read_at(void* data, int64_t n, int64_t offset) const;
+  void sync_and_close();
+  int64_t size() const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// fsync of a directory (best effort: makes renames in it durable).
+void sync_dir(const std::string& dir);
+
+// The directory part of `path` ("." for a bare name).
+std::string parent_dir(const std::string& path);
+
+// The whole file; an error if it is larger than `limit` bytes.
+std::string read_text(const std::string& path, int64_t limit);
+
+// Writes `text` to `path` atomically (temporary file, fsync, rename, fsync of the directory).
+void write_file_atomically(const std::string& path, const std::string& text);
+
+// zlib's CRC-32 of n bytes, continuing from `crc`.
+uint32_t crc32_of(const void* data, int64_t n, uint32_t crc = 0);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,340 @@
+// fsdp-train --resume against damaged checkpoint directories, as real processes (issue 21): the
+// newest checkpoint is used or refused, never skipped or replaced by a fresh start in silence.
+// Every way of damaging it fails on every rank with the entry, the file and the reason, exits
+// non-zero, trains nothing and deletes nothing; --resume-fallback names what it skips;
+// --check-checkpoint verifies a checkpoint without a cluster.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <signal.h>
+
+#include "fsdp/checkpoint.h"
+#include "testing.h"
+
+using namespace fsdp::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTrain = tool_dir() + "/fsdp-train";
+
+std::vector<std::string> args(std::vector<std::string> extra) {
+  std::vector<std::string> argv{kTrain,         "--model=tiny", "--global-batch=8", "--seq-len=32",
+                                "--lr=3e-3",    "--warmup-steps=2", "--seed=7", "--quiet",
+                                "--devices=2"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// Two checkpoints, steps 2 and 4, made once: every test damages its own copy.
+const std::string& source() {
+  static TempDir tmp;
+  static const std::string dir = [] {
+    const std::string d = tmp / "ck";
+    auto r = run(args({"--steps=4", "--checkpoint-every=2", "--checkpoint-dir=" + d}), {}, 180s);
+    EXPECT_EQ(r.exit_code(), 0) << r.output;
+    return d;
+  }();
+  return dir;
+}
+
+// A copy of the source with only the steps given.
+std::string copy_of(const TempDir& tmp, const std::string& name, std::vector<int> steps) {
+  const std::string dst = tmp / name;
+  fs::create_directories(dst);
+  for (int s : steps) {
+    char entry[32];
+    std::snprintf(entry, sizeof(entry), "step-%08d", s);
+    fs::copy(source() + "/" + entry, dst + "/" + entry, fs::copy_options::recursive);
+  }
+  return dst;
+}
+
+// Every file under `dir` with its size and contents' hash: "nothing changed" is equality.
+std::map<std::string, std::string> tree(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    std::string key = fs::relative(e.path(), dir).string();
+    if (!e.is_regular_file()) {
+      out[key] = "dir";
+      continue;
+    }
+    std::ifstream in(e.path(), std::ios::binary);
+    std::ostringstream os;
+    os << in.rdbuf();
+    out[key] = std::to_string(std::hash<std::string>{}(os.str()));
+  }
+  return out;
+}
+
+void edit_meta(const std::string& ckpt, const std::function<void(nlohmann::json&)>& fn) {
+  std::ifstream in(ckpt + "/meta.json");
+  auto j = nlohmann::json::parse(in);
+  fn(j);
+  std::ofstream(ckpt + "/meta.json") << j.dump();
+}
+
+// The ranks whose "fsdp-train: error:" lines contain `text` (the launcher merges identical
+// lines as "ranks 0,1: ..." or "ranks 0-1: ...").
+std::set<int> ranks_saying(const std::string& output, const std::string& text) {
+  std::set<int> ranks;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("fsdp-train: error: ", 0) != 0 || line.find(text) == std::string::npos) continue;
+    const std::string who = line.substr(19, line.find(':', 19) - 19);
+    if (who == "ranks 0,1" || who == "ranks 0-1") ranks.insert({0, 1});
+    if (who == "rank 0") ranks.insert(0);
+    if (who == "rank 1") ranks.insert(1);
+  }
+  return ranks;
+}
+
+struct Row {
+  std::string what;
+  std::vector<int> steps;                       // checkpoints in the directory
+  std::function<void(const std::string&)> damage;  // given the newest checkpoint
+  std::string expected;                         // in every rank's error
+};
+
+// One damage per row of issue 21's table; every other damage meta.json can carry is refused by
+// the same code, tested without processes in test_checkpoint_meta.
+TEST(TrainResume, EveryDamageOfTheNewestCheckpointFailsOnEveryRank) {
+  const std::vector<Row> rows = {
+      {"a shard file truncated", {2}, [](const std::string& c) {
+         fs::resize_file(c + "/shard-0.bin", fs::file_size(c + "/shard-0.bin") - 8);
+       }, "'shard-0.bin' has "},
+      {"meta.json garbage", {2}, [](const std::string& c) { std::ofstream(c + "/meta.json") << "{\"fo"; },
+       "meta.json is not valid JSON"},
+      {"a newer format version", {2},
+       [](const std::string& c) { edit_meta(c, [](nlohmann::json& j) { j["format_version"] = 999; }); },
+       "was written by format 999; this fsdp.cpp reads up to 1"},
+      {"a file outside the directory", {2},
+       [](const std::string& c) {
+         edit_meta(c, [](nlohmann::json& j) { j["files"][0]["name"] = "../../../etc/passwd"; });
+       },
+       "lists an invalid file '../../../etc/passwd' (not a plain name inside the checkpoint"},
+      {"one byte flipped", {2},
+       [](const std::string& c) {
+         std::fstream f(c + "/shard-1.bin", std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(100);
+         f.put('\x55');
+       },
+       "is corrupted (CRC-32 mismatch"},
+      {"step 4 missing a file, step 2 complete", {2, 4},
+       [](const std::string& c) { fs::remove(c + "/shard-1.bin"); },
+       "the newest checkpoint in "},
+  };
+  TempDir tmp;
+  // The rows run four at a time: each is two short-lived ranks.
+  std::vector<std::future<void>> running;
+  std::mutex mu;
+  auto check = [&](const Row& row, size_t i) {
+    const std::string dir = copy_of(tmp, "row" + std::to_string(i), row.steps);
+    char newest[32];
+    std::snprintf(newest, sizeof(newest), "step-%08d", row.steps.back());
+    row.damage(dir + "/" + newest);
+    const auto before = tree(dir);
+    auto r = run(args({"--steps=6", "--checkpoint-dir=" + dir, "--resume", "--keep-last=1",
+                       "--checkpoint-every=1"}),
+                 {}, 180s);
+    std::lock_guard<std::mutex> lock(mu);
+    SCOPED_TRACE(row.what);
+    EXPECT_NE(r.exit_code(), 0) << r.output;
+    EXPECT_EQ(ranks_saying(r.output, row.expected), (std::set<int>{0, 1})) << r.output;
+    if (row.expected != "is corrupted (CRC-32 mismatch") {  // found by reading, not by meta.json
+      EXPECT_EQ(ranks_saying(r.output, std::string("the newest checkpoint in ") + dir + ", " + newest +
+                                           ", cannot be loaded"),
+                (std::set<int>{0, 1}))
+          << r.output;
+      EXPECT_NE(r.output.find("or add --resume-fallback"), std::string::npos) << r.output;
+    }
+    if (row.steps.size() == 2) {
+      EXPECT_NE(r.output.find("resume from the newest valid one (step-00000002)"), std::string::npos)
+          << r.output;
+    }
+    EXPECT_EQ(r.output.find("starting fresh"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("fsdp-train summary"), std::string::npos) << "it trained: " << r.output;
+    EXPECT_EQ(tree(dir), before) << "the directory changed (something was pruned or saved)";
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    running.push_back(std::async(std::launch::async, check, rows[i], i));
+    if (running.size() == 4) {
+      for (auto& f : running) f.get();
+      running.clear();
+    }
+  }
+  for (auto& f : running) f.get();
+}
+
+TEST(TrainResume, FallbackNamesWhatItSkipsAndResumesTheNewestValid) {
+  TempDir tmp;
+  const std::string dir = copy_of(tmp, "ck", {2, 4});
+  fs::remove(dir + "/step-00000004/shard-1.bin");
+  fs::create_directory(dir + "/step-00000006.partial");  // a crash mid-save: ignored, as ever
+  auto r = run(args({"--steps=4", "--checkpoint-dir=" + dir, "--resume", "--resume-fallback",
+                     "--metrics=" + tmp / "m.jsonl"}),
+               {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: --resume-fallback: skipping " + dir +
+                          "/step-00000004: checkpoint '" + dir +
+                          "/step-00000004' is missing 'shard-1.bin'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step-00000006.partial"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step-00000002 at step 2"), std::string::npos)
+      << r.output;
+  std::ifstream in(tmp / "m.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 2) << "steps 3 and 4 trained again";
+}
+
+TEST(TrainResume, StartsFreshOnlyWithoutAnyCheckpoint) {
+  TempDir tmp;
+  fs::create_directories(tmp / "ck/step-00000002.partial");  // a crash during the first save
+  auto r = run(args({"--steps=1", "--checkpoint-dir=" + tmp / "ck", "--resume"}), {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: --resume: no checkpoint in " + tmp / "ck" +
+                          " yet; starting fresh"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
+  TempDir tmp;
+  const std::string dir = copy_of(tmp, "ck", {2, 4});
+  auto r = run({kTrain, "--check-checkpoint", dir + "/step-00000004"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (every file's size and CRC-32 checked)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4, format 1, FULL_SHARD on mesh (1, 2), world 2, optimizer adamw, "
+                          "RNG saved"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("111 tensors (137.0 k parameters), 4 files, "), std::string::npos)
+      << r.output;
+  // A flipped byte: meta.json and the sizes are fine, so only reading every byte finds it.
+  {
+    std::fstream f(dir + "/step-00000004/shard-0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    const char c = static_cast<char>(f.get());
+    f.seekp(40);
+    f.put(static_cast<char>(c ^ 1));
+  }
+  r = run({kTrain, "--check-checkpoint", dir});
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find(dir + "/step-00000002: valid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir + "/step-00000004: INVALID: checkpoint '" + dir +
+                          "/step-00000004': 'shard-0.bin' is corrupted (CRC-32 mismatch at byte 0, "),
+            std::string::npos)
+      << r.output;
+  r = run({kTrain, "--check-checkpoint", tmp / "nothing"});
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
+}
+
+TEST(TrainResume, FallbackWithoutResumeIsAUsageError) {
+  auto r = run(args({"--resume-fallback"}));
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_NE(r.output.find("--resume-fallback only applies to --resume"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Preemption (NOTE [preemption] in tools/fsdp-train/preempt.h): a signal to one rank, or SIGUSR1
+// to the supervisor, makes every rank finish its step, save it and exit 128 + signal; --resume
+// then continues bit-identically to a run that was never interrupted.
+namespace {
+
+std::vector<std::string> four(std::vector<std::string> extra) {
+  std::vector<std::string> argv{kTrain,     "--model=tiny",     "--global-batch=8", "--seq-len=32",
+                                "--lr=3e-3", "--warmup-steps=2", "--seed=7",         "--quiet",
+                                "--devices=4", "--steps=40"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+size_t lines_of(const std::string& file) {
+  std::ifstream in(file);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// Runs 40 steps with checkpoints in tmp/ck; after 3 steps, `interrupt(supervisor, ranks)`.
+// Returns the result and the step the run says it saved.
+std::pair<ProcessResult, int64_t> interrupted(const TempDir& tmp,
+                                              const std::function<void(int, std::vector<int>)>& interrupt) {
+  Process p(four({"--checkpoint-dir=" + tmp / "ck", "--metrics=" + tmp / "a.jsonl"}));
+  const auto ranks = children_of(p.pid(), 4);
+  EXPECT_EQ(ranks.size(), 4u);
+  for (int i = 0; i < 1200 && lines_of(tmp / "a.jsonl") < 3; ++i) std::this_thread::sleep_for(50ms);
+  interrupt(p.pid(), ranks);
+  auto r = p.wait(120s);
+  EXPECT_FALSE(r.timed_out);
+  int64_t saved = -1;
+  const auto at = r.output.find(": saved step ");
+  if (at != std::string::npos) saved = std::stoll(r.output.substr(at + 13));
+  return {r, saved};
+}
+
+TEST(TrainPreempt, SignalToOneRankSavesTheStepAndResumesBitIdentically) {
+  TempDir tmp;
+  auto ref = std::async(std::launch::async, [&] {
+    return run(four({"--metrics=" + tmp / "ref.jsonl"}), {}, 180s);
+  });
+  auto [r, saved] = interrupted(tmp, [](int, std::vector<int> ranks) { ::kill(ranks[2], SIGTERM); });
+  EXPECT_EQ(r.exit_code(), 143) << r.output;
+  ASSERT_GT(saved, 0) << r.output;
+  ASSERT_LT(saved, 40) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: SIGTERM: saved step " + std::to_string(saved) + " to " +
+                          tmp / "ck/step-"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(lines_of(tmp / "a.jsonl"), static_cast<size_t>(saved)) << "the checkpoint is of the step the run got to";
+  const auto list = fsdp::list_checkpoints(tmp / "ck");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].step, saved);
+  EXPECT_EQ(list[0].status, fsdp::CheckpointStatus::kComplete);
+  auto done = ref.get();
+  ASSERT_EQ(done.exit_code(), 0) << done.output;
+  const auto want = metrics_losses(tmp / "ref.jsonl");
+  r = run(four({"--checkpoint-dir=" + tmp / "ck", "--resume", "--metrics=" + tmp / "b.jsonl"}), {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const auto got = metrics_losses(tmp / "b.jsonl");
+  EXPECT_EQ(got.size(), static_cast<size_t>(40 - saved));
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
+}
+
+TEST(TrainPreempt, Usr1ToTheLauncherSavesOnEveryRank) {
+  TempDir tmp;
+  auto [r, saved] = interrupted(tmp, [](int supervisor, std::vector<int>) { ::kill(supervisor, SIGUSR1); });
+  EXPECT_EQ(r.exit_code(), 138) << r.output;
+  ASSERT_GT(saved, 0) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: SIGUSR1: saved step "), std::string::npos) << r.output;
+  EXPECT_EQ(fsdp::latest_checkpoint(tmp / "ck"), fsdp::checkpoint_path(tmp / "ck", saved));
+  EXPECT_EQ(fsdp::verify_checkpoint(fsdp::checkpoint_path(tmp / "ck", saved)).step, saved);
+}
+
+TEST(TrainPreempt, BadPreemptionFlagsFailBeforeStarting) {
+  for (const auto& [flags, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--save-on-signal=TERM,KILL"}, "'KILL' is not a signal fsdp-train can save on"},
+           {{"--requeue"}, "--requeue requeues after a save on a signal, which needs --checkpoint-dir"},
+           {{"--signal-save-timeout=0"}, "--signal-save-timeout 0 is invalid"},
+       }) {
+    auto r = run(args(flags));
+    EXPECT_EQ(r.exit_code(), 2) << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
