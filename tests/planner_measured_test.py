@@ -16,7 +16,9 @@ import tempfile
 build = sys.argv[1]
 train = os.path.join(build, "fsdp-train")
 plan = os.path.join(build, "fsdp-plan")
-env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+# A calibrated cluster file of the user must not change what the test compares.
+env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+           FSDP_CLUSTER_FILE="/nonexistent/this-machine.json")
 failures = []
 
 
@@ -32,6 +34,21 @@ for model in ("tiny", "small", "medium"):
     planned = json.loads(run([plan, "--model", model, "--json"]))["model"]["parameters"]
     if dry["total_params"] != planned:
         failures.append(f"{model}: fsdp-train has {dry['total_params']} parameters, fsdp-plan {planned}")
+
+# fsdp-train --plan: the same table for its own model on this machine, its configuration marked.
+train_plan = run([train, "--devices", "4", "--strategy", "hybrid_shard", "--mesh", "2,2",
+                  "--model", "tiny", "--plan"])
+marked = [l for l in train_plan.splitlines() if l.startswith("* ")]
+if len(marked) != 1 or "HYBRID_SHARD" not in marked[0] or "(2, 2)" not in marked[0]:
+    failures.append(f"fsdp-train --plan marks {marked}, not HYBRID_SHARD (2, 2)")
+from_train = json.loads(subprocess.run(
+    [train, "--devices", "4", "--model", "tiny", "--plan", "--json"], env=env,
+    capture_output=True, text=True, timeout=120, check=True).stdout)
+from_plan = json.loads(subprocess.run(
+    [plan, "--model", "tiny", "--ranks-per-node", "4", "--micro-batch", "2", "--clip", "--json"],
+    env=env, capture_output=True, text=True, timeout=120, check=True).stdout)
+if from_train["candidates"] != from_plan["candidates"]:
+    failures.append("fsdp-train --plan --json and fsdp-plan --json disagree for the tiny model")
 
 cases = []
 for w, hybrid_mesh in ((2, "1,2"), (4, "2,2")):

@@ -13,6 +13,7 @@
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
 #include "fsdp/mesh.h"
+#include "fsdp/planner.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"

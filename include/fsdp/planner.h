@@ -121,6 +121,12 @@ ClusterSpec parse_cluster_json(const std::string& text, const std::string& origi
 std::string cluster_to_json(const ClusterSpec& c);
 // A preset name, or else a path to a cluster file.
 ClusterSpec load_cluster(const std::string& name_or_path);
+// Where `fsdp-plan --calibrate` writes this machine's measured cluster file and where
+// `fsdp-train --plan` looks for it: $FSDP_CLUSTER_FILE if set, else
+// $HOME/.config/fsdp/this-machine.json.
+std::string calibrated_cluster_path();
+// This machine: the calibrated file if it exists, else the "this-machine" preset.
+ClusterSpec this_machine_cluster();
 
 struct PlanOptions {
   int64_t micro_batch = 1;   // sequences per rank per micro-step

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -185,6 +186,20 @@ ClusterSpec load_cluster(const std::string& name_or_path) {
     return read_cluster_file(name_or_path);
   }
   return cluster_preset(name_or_path);
+}
+
+std::string calibrated_cluster_path() {
+  const char* file = std::getenv("FSDP_CLUSTER_FILE");
+  if (file && *file) return file;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.config/fsdp/this-machine.json";
+}
+
+ClusterSpec this_machine_cluster() {
+  const std::string path = calibrated_cluster_path();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return read_cluster_file(path);
+  return cluster_preset("this-machine");
 }
 
 std::string cluster_to_json(const ClusterSpec& c) {

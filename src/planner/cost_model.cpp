@@ -17,6 +17,8 @@
 //   spans nodes runs at the slower of its intra-node link and its share of the NICs.
 // - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
 //   by their parameters; the head and its backward belong to the root.
+// - A CPU machine (ClusterSpec::node_shared) with no spare core: collectives compute on the same
+//   cores, so the step is compute + communication, nothing hidden.
 // Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
 // contention between compute and communication for memory bandwidth.
 #include <algorithm>
@@ -235,6 +237,11 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
   c.time.compute = compute;
   c.time.communication = comm;
   c.time.step = std::max({cpu, shard_free, rep_free});
+  // On a CPU machine with no core to spare, the collectives (Gloo's copies and sums) run on the
+  // cores that compute: nothing overlaps.
+  if (cluster.node_shared && cluster.cores <= cluster.ranks_per_node) {
+    c.time.step = compute + comm;
+  }
   c.time.exposed = std::max(0.0, c.time.step - compute);
   c.tokens_per_s = c.time.step > 0 ? tokens * double(o.grad_accum) / c.time.step : 0;
   return c;

@@ -164,12 +164,13 @@ std::string ClusterPlan::chart_script(const std::string& png) const {
                    " ", cluster.name, " (best first)"))
      << "\nset style data histograms\nset style histogram rowstacked\n"
      << "set style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid x\n"
-     << "set yrange [-0.5:" << n << "-0.5] reverse\nset key bottom right\n";
+     << "set yrange [-0.5:" << n << "-0.5]\nset key above\n";
   os << "$d << EOD\n";
   char buf[256];
   for (size_t i = 0; i < n; ++i) {
     const auto& p = ranked[i];
-    std::snprintf(buf, sizeof(buf), "%zu \"%s\" %.6g %.6g %.6g %d\n", i, p.label().c_str(),
+    // The best on top: y counts down from n - 1.
+    std::snprintf(buf, sizeof(buf), "%zu \"%s\" %.6g %.6g %.6g %d\n", n - 1 - i, p.label().c_str(),
                   p.time.compute, p.time.exposed, double(p.memory.total()) / (1024.0 * 1024 * 1024),
                   p.fits ? 1 : 0);
     os << buf;

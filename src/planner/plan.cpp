@@ -155,12 +155,17 @@ ClusterPlan plan_cluster(const ModelSpec& model, const ClusterSpec& cluster,
                    [](const PlanCandidate& a, const PlanCandidate& b) {
                      if (a.fits != b.fits) return a.fits;
                      if (!a.fits) return a.memory.total() < b.memory.total();
-                     // Within 1% the smaller footprint wins: the same speed with more headroom.
-                     if (std::abs(a.time.step - b.time.step) > 0.01 * std::min(a.time.step, b.time.step)) {
-                       return a.time.step < b.time.step;
-                     }
-                     return a.memory.total() < b.memory.total();
+                     return a.time.step < b.time.step;
                    });
+  // Within 1% of the fastest, the smallest footprint goes first: the same speed, more headroom.
+  if (out.ranked.front().fits) {
+    const double limit = out.ranked.front().time.step * 1.01;
+    size_t pick = 0;
+    for (size_t i = 1; i < out.ranked.size() && out.ranked[i].fits && out.ranked[i].time.step <= limit; ++i) {
+      if (out.ranked[i].memory.total() < out.ranked[pick].memory.total()) pick = i;
+    }
+    std::rotate(out.ranked.begin(), out.ranked.begin() + long(pick), out.ranked.begin() + long(pick) + 1);
+  }
   for (auto& c : out.ranked) {
     if (!c.fits) {
       c.reason = cat("needs ", format_bytes(double(c.memory.total())), ", ",

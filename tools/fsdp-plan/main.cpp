@@ -6,6 +6,7 @@
 //   fsdp-plan --model llama2-70b --cluster h100-sxm-8x400g --nodes 64 --precision bf16
 //     --recompute full
 //   fsdp-plan --cluster this-machine --ranks-per-node 4 --model small --json
+//   fsdp-plan --calibrate --devices 4      (measures this machine, writes its cluster file)
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "calibrate.h"
 #include "fsdp/error.h"
 #include "fsdp/planner.h"
 #include "plot.h"
@@ -46,6 +48,8 @@ struct Flags {
   bool clip = false;
   bool json = false, list = false, published = false;
   std::string chart;
+  fsdp_plan::CalibrateOptions calibrate;
+  bool do_calibrate = false;
 };
 
 c10::ScalarType parse_dtype(const std::string& flag, const std::string& v) {
@@ -132,12 +136,11 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"fsdp-plan: which FSDP strategy and mesh for a model on a cluster: predicted memory\n"
                "per rank, bytes per link and step time for every choice, ranked, with the reason."};
-  app.add_option("--cluster", f.cluster, "cluster preset or cluster file (JSON, see --list)")
-      ->capture_default_str();
+  app.add_option("--cluster", f.cluster, "cluster preset or cluster file (JSON, see --list)");
   app.add_option("--nodes", f.nodes, "nodes, overriding the cluster's; 0 = the cluster's");
   app.add_option("--ranks-per-node", f.ranks_per_node,
                  "ranks (GPUs, processes) per node, overriding the cluster's; 0 = the cluster's");
-  app.add_option("--model", f.model, "model preset (see --list)")->capture_default_str();
+  app.add_option("--model", f.model, "model preset (see --list)");
   app.add_option("--layers", f.layers, "transformer blocks, overriding the preset's; 0 = preset's");
   app.add_option("--d-model", f.d_model, "hidden size, overriding the preset's; 0 = preset's");
   app.add_option("--heads", f.heads, "attention heads, overriding the preset's; 0 = preset's");
@@ -147,32 +150,30 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", f.seq_len, "tokens per sequence, overriding the preset's; 0 = preset's");
   app.add_option("--params", f.params,
                  "total parameters: blocks sized to reach it (a generic transformer); 0 = from the shape");
-  app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step")
-      ->capture_default_str();
-  app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step")
-      ->capture_default_str();
-  app.add_option("--precision", f.precision, "gathered parameter and compute dtype: fp32, bf16, fp16")
-      ->capture_default_str();
+  app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step");
+  app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step");
+  app.add_option("--precision", f.precision, "gathered parameter and compute dtype: fp32, bf16, fp16");
   app.add_option("--reduce-dtype", f.reduce, "gradient reduction dtype; default: --precision's");
-  app.add_option("--optimizer", f.optimizer, "adamw (2 states per parameter) or sgd (momentum, 1)")
-      ->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "adamw (2 states per parameter) or sgd (momentum, 1)");
   app.add_option("--recompute", f.recompute,
-                 "activation checkpointing: none, selective (attention) or full")
-      ->capture_default_str();
+                 "activation checkpointing: none, selective (attention) or full");
   app.add_option("--strategy", f.strategies,
                  "only these strategies (repeatable): full_shard, shard_grad_op, no_shard, "
                  "hybrid_shard, hybrid_shard_zero2; default all");
   app.add_option("--mesh", f.mesh, "only this mesh, e.g. -1,8 (one dim may be -1); default all");
-  app.add_option("--grad-sync", f.grad_sync, "every, local or replicate_on_last (see fsdp-train)")
-      ->capture_default_str();
-  app.add_option("--prefetch", f.prefetch, "on or off: all-gather the next unit while computing")
-      ->capture_default_str();
+  app.add_option("--grad-sync", f.grad_sync, "every, local or replicate_on_last (see fsdp-train)");
+  app.add_option("--prefetch", f.prefetch, "on or off: all-gather the next unit while computing");
   app.add_flag("--clip", f.clip, "clip the gradient norm each step (one 8-byte all-reduce)");
   app.add_flag("--json", f.json, "print the plan as one JSON object");
   app.add_option("--chart", f.chart, "also draw step time and memory per choice into this PNG");
   app.add_flag("--list", f.list, "list the cluster presets (with each number's source) and models");
   app.add_flag("--published", f.published,
                "print the comparison with published runs (docs/planner-published.md)");
+  fsdp_plan::add_calibrate_flags(app, f.calibrate, f.do_calibrate);
+  // Every option shows its default in --help (the README's table is tested against it).
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_min() > 0) opt->capture_default_str();
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
       std::cout << fsdp::published_comparison();
       return 0;
     }
+    if (f.do_calibrate) return fsdp_plan::calibrate(f.calibrate, argv[0]);
     fsdp::ClusterSpec cluster = fsdp::load_cluster(f.cluster);
     FSDP_CHECK(f.nodes >= 0 && f.ranks_per_node >= 0, "--nodes and --ranks-per-node must not be ",
                "negative (0 keeps the cluster's)");
