@@ -35,6 +35,15 @@ for model in ("tiny", "small", "medium"):
     if dry["total_params"] != planned:
         failures.append(f"{model}: fsdp-train has {dry['total_params']} parameters, fsdp-plan {planned}")
 
+# Bad input to fsdp-plan: one line on stderr naming the value, exit status 2.
+for args, names in ((["--cluster", "dgx-9000"], "dgx-9000"), (["--nodes", "-3"], "-3"),
+                    (["--ranks-per-node", "8", "--mesh", "3,-1"], "3"),
+                    (["--model", "gpt-7"], "gpt-7"), (["--micro-batch", "0"], "micro-batch 0")):
+    r = subprocess.run([plan] + args, env=env, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    if r.returncode != 2 or len(lines) != 1 or names not in lines[0]:
+        failures.append(f"fsdp-plan {' '.join(args)}: exit {r.returncode}, stderr {r.stderr!r}")
+
 # fsdp-train --plan: the same table for its own model on this machine, its configuration marked.
 train_plan = run([train, "--devices", "4", "--strategy", "hybrid_shard", "--mesh", "2,2",
                   "--model", "tiny", "--plan"])

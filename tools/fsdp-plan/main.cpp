@@ -192,8 +192,10 @@ int main(int argc, char** argv) {
     }
     if (f.do_calibrate) return fsdp_plan::calibrate(f.calibrate, argv[0]);
     fsdp::ClusterSpec cluster = fsdp::load_cluster(f.cluster);
-    FSDP_CHECK(f.nodes >= 0 && f.ranks_per_node >= 0, "--nodes and --ranks-per-node must not be ",
-               "negative (0 keeps the cluster's)");
+    FSDP_CHECK(f.nodes >= 0, "--nodes ", f.nodes, " is negative; give the node count, or 0 ",
+               "for the cluster's");
+    FSDP_CHECK(f.ranks_per_node >= 0, "--ranks-per-node ", f.ranks_per_node, " is negative; give ",
+               "the ranks of a node, or 0 for the cluster's");
     if (f.nodes) cluster.nodes = f.nodes;
     if (f.ranks_per_node) cluster.ranks_per_node = f.ranks_per_node;
     const fsdp::ModelSpec model = model_from(f);
