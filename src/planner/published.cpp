@@ -260,7 +260,7 @@ std::string published_comparison() {
         "`planner_published` fails when this page differs from what the planner prints. Each "
         "source allows at most one calibration, the achievable fraction of peak FLOP/s fitted to "
         "one published throughput; every other number is a preset's (src/planner/clusters.json, "
-        "each with its source) or the cost model's (README, \"Choosing a strategy\").\n\n";
+        "each with its source) or the cost model's (README, \"fsdp-plan: which strategy and mesh\").\n\n";
   torchtitan(os);
   ibm(os);
   zeropp(os);
