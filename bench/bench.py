@@ -353,19 +353,21 @@ class MemoryCap:
                     time.sleep(0.1)
 
 
-def fits(r, cap, strategy, layers, d_model, heads, world, steps):
-    """Trains `steps` steps with every rank in its own capped cgroup; True if all ranks finish."""
+def fits(r, cap, strategy, layers, d_model, heads, world, steps, extra=(), timeout=600):
+    """Trains `steps` steps with every rank in its own capped cgroup; True if all ranks finish.
+    `extra`: more fsdp-train flags (--init eager, --checkpoint-dir ...)."""
     groups = cap.groups(world)
     with socket.socket() as sock:  # a port nobody listens on now
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     args = r.train_args("medium", steps, world, 32,
                         ["--strategy", strategy, "--layers", str(layers), "--d-model", str(d_model),
-                         "--heads", str(heads), "--timeout", "60",
+                         "--heads", str(heads), "--timeout", "120",
                          # The lean setting for the largest model: glibc gives freed memory back
                          # (the default, retain, keeps it for speed; README "The CPU heap").
-                         "--heap", "unchanged"] +
-                        (["--mesh", f"2,{world // 2}"] if strategy.startswith("hybrid") else []))
+                         "--heap", "lean"] +
+                        (["--mesh", f"2,{world // 2}"] if strategy.startswith("hybrid") else []) +
+                        list(extra))
     procs = []
     try:
         for rank in range(world):
@@ -377,7 +379,7 @@ def fits(r, cap, strategy, layers, d_model, heads, world, steps):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True))
         codes = []
-        deadline = time.time() + 600
+        deadline = time.time() + timeout
         for p in procs:
             try:
                 codes.append(p.wait(timeout=max(1, deadline - time.time())))
@@ -437,7 +439,48 @@ def memory_headline(r, results, quick):
         rows.append({"strategy": s, "largest_layers": lo, "first_failing_layers": hi,
                      "params": params, "probes": probes})
     results["memory"] = {"cap_bytes": cap_bytes, "cgroup": cap.kind, "world": world,
-                         "d_model": d_model, "heads": heads, "steps": steps, "rows": rows}
+                         "d_model": d_model, "heads": heads, "steps": steps, "rows": rows,
+                         "settings": "--init deferred (default) --heap lean"}
+
+
+def beyond_one_rank(r, results, quick):
+    """A model whose fp32 weights alone exceed a rank's memory cap by 1.25x or more trains under
+    FULL_SHARD with deferred construction, checkpoints and exports; --init eager dies."""
+    if quick:
+        return
+    cap_bytes = 1 << 30
+    cap = MemoryCap(cap_bytes)
+    why = cap.why_not()
+    if why:
+        results["beyond"] = {"skipped": why}
+        return
+    world, d_model, heads, layers, steps = 8, 512, 8, 108, 2
+    plan = json.loads(subprocess.run(
+        r.train_args("medium", 1, world, 32, ["--layers", str(layers), "--d-model", str(d_model),
+                                              "--heads", str(heads), "--devices", str(world),
+                                              "--dry-run", "--json"]),
+        env=r.env, check=True, capture_output=True, text=True).stdout)
+    params = plan["total_params"]
+    out = tempfile.mkdtemp(prefix="fsdp-beyond-", dir=r.work)
+    rows = []
+    try:
+        for init in ("deferred", "eager"):
+            extra = ["--init", init, "--checkpoint-dir", os.path.join(out, init),
+                     "--export-full", os.path.join(out, init + ".safetensors")]
+            t0 = time.time()
+            ok, codes = fits(r, cap, "full_shard", layers, d_model, heads, world, steps, extra,
+                             timeout=1200)
+            exported = os.path.exists(os.path.join(out, init + ".safetensors"))
+            ckpt = os.path.isdir(os.path.join(out, init))
+            rows.append({"init": init, "ok": ok, "exit_codes": codes, "exported": exported,
+                         "checkpointed": ckpt and bool(os.listdir(os.path.join(out, init))),
+                         "wall_s": time.time() - t0})
+            log(f"beyond: --init {init}: {'trained, checkpointed, exported' if ok else 'died ' + str(codes)}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    results["beyond"] = {"cap_bytes": cap_bytes, "world": world, "layers": layers,
+                         "d_model": d_model, "params": params, "weights_bytes": params * 4,
+                         "steps": steps, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,7 +490,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
-    ap.add_argument("--sections", default="peers,peers26,scaling,memory,planner")
+    ap.add_argument("--sections", default="peers,peers26,scaling,memory,beyond,planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -472,7 +515,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         r = Runner(build, work, args.quick)
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
-                         ("memory", memory_headline), ("planner", planner)):
+                         ("memory", memory_headline), ("beyond", beyond_one_rank),
+                         ("planner", planner)):
             if name in sections:
                 fn(r, results, args.quick)
                 save()

@@ -379,14 +379,46 @@ def main():
                    f"W = {mem['world']} ranks started as a launcher would (one cgroup each), "
                    f"{mem['steps']} AdamW steps of batch 1 x 32 per rank; the number of blocks "
                    "doubles until a run dies, then is bisected.", "",
-                   "| strategy | largest that trains | first that dies | parameters trained |",
-                   "|---|---|---|---|"]
+                   f"Settings: {mem.get('settings', '--heap unchanged, eager construction')}. "
+                   "Theory: the sharded state per parameter with AdamW (4 bytes parameter, 4 "
+                   "gradient, 8 optimizer state) is 16 for NO_SHARD, 4 + 12/W for SHARD_GRAD_OP, "
+                   "16/W for FULL_SHARD and 16/S for HYBRID (R, S); the theory ratio is NO_SHARD's "
+                   "16 over that (what the largest model could grow by if the state were all a "
+                   "rank held).", "",
+                   "| strategy | largest that trains | first that dies | parameters trained | "
+                   "x NO_SHARD | theory x |",
+                   "|---|---|---|---|---|---|"]
+            W = mem["world"]
+            theory = {"no_shard": 1.0, "shard_grad_op": 16 / (4 + 12 / W), "full_shard": float(W),
+                      "hybrid_shard": float(W // 2)}
+            base = next((r["params"] for r in mem["rows"] if r["strategy"] == "no_shard"), None)
             for r in mem["rows"]:
+                ratio = f"{r['params'] / base:.2f}x" if base and r["params"] else "-"
+                th = theory.get(r["strategy"])
                 md.append(f"| {r['strategy']} | {r['largest_layers']} blocks | "
                           f"{r['first_failing_layers'] or 'none tried'} blocks | "
-                          f"{fmt_count(r['params']) if r['params'] else 'none'} |")
+                          f"{fmt_count(r['params']) if r['params'] else 'none'} | {ratio} | "
+                          f"{f'{th:.2f}x' if th else '-'} |")
             md += ["", "![largest model per strategy](docs/bench/memory_headline.png)", "",
                    details("memory cap", mem), ""]
+    beyond = res.get("beyond")
+    if beyond and not beyond.get("skipped"):
+        md += ["## A model larger than one rank", "",
+               f"FULL_SHARD, W = {beyond['world']}, every rank capped at "
+               f"{fmt_b(beyond['cap_bytes'])}: a GPT of {beyond['layers']} blocks of width "
+               f"{beyond['d_model']}, {fmt_count(beyond['params'])} parameters, whose fp32 weights "
+               f"alone are {fmt_b(beyond['weights_bytes'])} = "
+               f"{beyond['weights_bytes'] / beyond['cap_bytes']:.2f}x the cap. It trains "
+               f"{beyond['steps']} steps, writes a sharded checkpoint and a full .safetensors "
+               "export, with deferred construction (`--init deferred`, each block keeps only its "
+               "shard as it is built); the same run with `--init eager` must build the whole "
+               "model on every rank first.", "",
+               "| --init | result | exit codes | checkpoint | export | wall |", "|---|---|---|---|---|---|"]
+        for r in beyond["rows"]:
+            md.append(f"| {r['init']} | {'trained' if r['ok'] else 'died'} | {r['exit_codes']} | "
+                      f"{'written' if r['checkpointed'] else '-'} | "
+                      f"{'written' if r['exported'] else '-'} | {r['wall_s']:.0f} s |")
+        md += [""]
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",

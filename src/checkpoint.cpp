@@ -1374,6 +1374,11 @@ void import_full_checkpoint(FullyShardedModule& model, const std::string& file) 
   std::vector<at::Tensor> shards;
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   std::string err = capture([&] {
+    FSDP_CHECK(!e.built_deferred() || full_format(file) != FullFormat::kPt, "importing '", file,
+               "': a .pt file is read whole on every rank, but this model was built under "
+               "fsdp::DeferredInit so that no rank holds it whole; convert it to .safetensors "
+               "(read as each rank's byte ranges) where it fits once, e.g. "
+               "fsdp::save_full_checkpoint(module, \"model.safetensors\") of the loaded module");
     auto reader = open_full(file);
     check_names(model_shapes(e.root_module()), reader->shapes, cat("full checkpoint '", file, "'"));
     shards = build_shards(e, [&](const std::string& name, int64_t lo, int64_t hi) {

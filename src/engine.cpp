@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "deferred_init_internal.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
@@ -126,6 +127,7 @@ void Engine::build() {
   FSDP_CHECK(root_, "fsdp::shard: the module is null");
   const auto& env = runtime_->env();
   streams_ = DeviceStreams(runtime_->device());
+  pooled_ = runtime_->device().is_cpu();
   // 1. Everything that can be wrong is checked before the first collective, identically on
   //    every rank (plan_sharding and plan_units are pure), and the ranks compare their settings
   //    through the store so a mismatch is an error instead of a hang.
@@ -153,9 +155,11 @@ void Engine::build() {
              "unfreeze some (parameter.requires_grad_(true)) before fsdp::shard()");
   std::ostringstream signature;
   for (const auto& p : root_->named_parameters()) signature << p.key() << p.value().sizes() << ";";
+  const int64_t deferred_units = DeferredShards::count(*root_);  // NOTE [deferred init]
   runtime_->check_agreement(
       "FSDP configuration",
-      strategy_.describe() + " model=" + std::to_string(std::hash<std::string>{}(signature.str())));
+      strategy_.describe() + " model=" + std::to_string(std::hash<std::string>{}(signature.str())) +
+          " deferred_units=" + std::to_string(deferred_units));
   if (runtime_->rank() == 0) {
     for (const auto& w : plan_.warnings) std::cerr << "fsdp: warning: " << w << std::endl;
   }
@@ -197,9 +201,29 @@ void Engine::build() {
     units_.push_back(std::move(f));
   }
   select_checkpointed_units(by_path);
-  // 4. Flatten, optionally broadcast rank 0's values, shard. Buffers (norm statistics...) move to
-  //    the runtime's device like the parameters (NCCL broadcasts only device tensors).
-  for (auto& u : units_) flatten_and_shard(*u, strategy_.sync_module_states());
+  // 4. Flatten, optionally broadcast rank 0's values, shard; units built under DeferredInit
+  //    hold their shards already (checked on every rank first, store only). Buffers (norm
+  //    statistics...) move to the runtime's device like the parameters (NCCL broadcasts only
+  //    device tensors).
+  std::optional<DeferredShards> deferred;
+  if (deferred_units > 0) {
+    deferred.emplace(*root_, infos_, strategy_.auto_wrap_policy().name(), S_, shard_rank_,
+                     *runtime_);
+  }
+  for (auto& u : units_) {
+    at::Tensor shard = deferred ? deferred->shard(u->module, u->owner == nullptr) : at::Tensor();
+    flatten_and_shard(*u, strategy_.sync_module_states(), shard);
+  }
+  if (deferred) {
+    for (auto& info : infos_) {
+      const auto* m = by_path.at(info.name).get();
+      info.construction = deferred->shard(m, true).defined() || deferred->shard(m, false).defined()
+                              ? "deferred"
+                              : "built whole";
+    }
+    deferred->release();
+  }
+  built_deferred_ = deferred_units > 0;
   for (auto& b : root_->named_buffers()) {
     if (b.value().device() != runtime_->device()) b.value().set_data(b.value().to(runtime_->device()));
   }
@@ -259,18 +283,23 @@ std::unique_ptr<UnitState> Engine::make_flat(const UnitInfo& info, bool trainabl
   return u;
 }
 
-void Engine::flatten_and_shard(UnitState& u, bool broadcast) {
+void Engine::flatten_and_shard(UnitState& u, bool broadcast, const at::Tensor& presharded) {
   torch::NoGradGuard no_grad;
   const auto device = runtime_->device();
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor flat = at::zeros({u.padded}, f32);
-  for (auto& s : u.params) {
-    flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+  if (presharded.defined()) {
+    TORCH_INTERNAL_ASSERT(presharded.numel() == u.shard_numel, "deferred shard of ", u.name);
+    u.shard = presharded;
+  } else {
+    at::Tensor flat = at::zeros({u.padded}, f32);
+    for (auto& s : u.params) {
+      flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
+    }
+    if (broadcast && runtime_->world_size() > 1 && u.padded > 0) {
+      runtime_->world()->broadcast(flat, 0)->wait();
+    }
+    u.shard = flat.narrow(0, shard_rank_ * u.shard_numel, u.shard_numel).clone();
   }
-  if (broadcast && runtime_->world_size() > 1 && u.padded > 0) {
-    runtime_->world()->broadcast(flat, 0)->wait();
-  }
-  u.shard = flat.narrow(0, shard_rank_ * u.shard_numel, u.shard_numel).clone();
   u.shard.set_requires_grad(u.trainable);
   u.aliased = S_ == 1 && param_dtype_ == c10::kFloat;
   if (u.aliased) {
@@ -390,9 +419,14 @@ void Engine::alloc_storage(at::Tensor& t) {
   auto* impl = t.storage().unsafeGetStorageImpl();
   const int64_t want = bytes_of(t);
   if (static_cast<int64_t>(impl->nbytes()) == want) return;
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(want));
+  impl->set_data_ptr_noswap(pooled_ ? pool_.allocate(want) : impl->allocator()->allocate(want));
   impl->set_nbytes(want);
   tracker_.add(want);
+}
+
+at::Tensor Engine::empty_buffer(int64_t numel, c10::ScalarType dtype) {
+  if (pooled_) return pool_.empty(numel, dtype);
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).device(runtime_->device()));
 }
 
 void Engine::free_storage(at::Tensor& t) {
@@ -637,7 +671,7 @@ void Engine::pre_backward(UnitState& u) {
 void Engine::prepare_grads(UnitState& u) {
   if (!u.trainable || u.padded == 0) return;
   if (!u.flat_grad.defined()) {
-    u.flat_grad = at::zeros({u.padded}, u.full.options());
+    u.flat_grad = empty_buffer(u.padded, u.full.scalar_type()).zero_();
     tracker_.add(bytes_of(u.flat_grad));
   }
   u.grads_pending = static_cast<int64_t>(u.params.size());
@@ -685,7 +719,7 @@ void Engine::reduce_grad(UnitState& u) {
   }
   if (pre_divide_ != 1.0) g.div_(pre_divide_);
   if (S_ > 1) {
-    p.output = at::empty({u.shard_numel}, g.options());
+    p.output = empty_buffer(u.shard_numel, g.scalar_type());
     p.rs = shard_group_->reduce_scatter(p.output, g);
     p.input = g;
     p.input_bytes = bytes_of(g);
@@ -756,6 +790,7 @@ void Engine::finalize_backward() {
     u->pre_backward_done = u->post_backward_done = false;
     u->inputs_pending = 0;
   }
+  pool_.trim();  // buffers no step used since the last trim go back to the system
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -933,6 +968,9 @@ MemoryStats Engine::memory_stats(const torch::optim::Optimizer* optimizer) const
   if (optimizer) m.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
   m.unsharded_now_bytes = tracker_.now();
   m.unsharded_peak_bytes = tracker_.peak();
+  const auto pool = pool_.stats();
+  m.pool_mapped_bytes = pool.mapped_bytes;
+  m.pool_peak_bytes = pool.peak_mapped_bytes;
   return m;
 }
 
@@ -948,80 +986,6 @@ std::vector<std::pair<std::string, CommCounters>> Engine::comm_counters() const 
 
 // ---------------------------------------------------------------------------------------------
 // Public API
-
-std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& policy,
-                                 int64_t shard_size) {
-  FSDP_CHECK(shard_size >= 1, "shard size ", shard_size, " is invalid");
-  // Not named_modules(include_self): that needs the root in a shared_ptr.
-  auto modules = model.named_modules("", /*include_self=*/false);
-  // Candidates: fsdp::Unit<M> members, and (for policies other than units()) Sequential children.
-  std::map<std::string, bool> candidate;
-  for (const auto& m : modules) {
-    if (dynamic_cast<const UnitHooks*>(m.value().get())) candidate[m.key()] = true;
-  }
-  if (policy.wraps_sequential_children()) {
-    if (dynamic_cast<const torch::nn::SequentialImpl*>(&model)) {
-      for (const auto& c : model.named_children()) candidate[c.key()] = true;
-    }
-    for (const auto& m : modules) {
-      if (!dynamic_cast<const torch::nn::SequentialImpl*>(m.value().get())) continue;
-      for (const auto& c : m.value()->named_children()) candidate[m.key() + "." + c.key()] = true;
-    }
-  }
-  std::vector<std::string> selected;
-  for (const auto& m : modules) {
-    int64_t numel = 0;
-    for (const auto& p : m.value()->parameters()) numel += p.numel();
-    const bool is_candidate = candidate.count(m.key()) > 0;
-    if (!is_candidate) {
-      FSDP_CHECK(!(policy.strict_types() && policy.selects(*m.value(), numel)),
-                 "wrap policy ", policy.name(), " selects '", m.key(), "' (", m.value()->name(),
-                 ") but fsdp cannot intercept its forward (C++ modules have no forward hooks); "
-                 "declare it as fsdp::Unit<", m.value()->name(), "> in the model, or put it in a "
-                 "torch::nn::Sequential");
-      continue;
-    }
-    if (numel > 0 && policy.selects(*m.value(), numel)) selected.push_back(m.key());
-  }
-  // Each parameter belongs to the innermost selected unit containing it, else to the root.
-  std::vector<UnitInfo> units(selected.size() + 1);
-  units[0].name = "";
-  for (size_t i = 0; i < selected.size(); ++i) units[i + 1].name = selected[i];
-  std::map<c10::TensorImpl*, size_t> owner;
-  for (const auto& p : model.named_parameters()) {
-    size_t best = 0, best_len = 0;
-    for (size_t i = 1; i < units.size(); ++i) {
-      const std::string& n = units[i].name;
-      if (p.key().size() > n.size() && p.key().compare(0, n.size(), n) == 0 &&
-          p.key()[n.size()] == '.' && n.size() >= best_len) {
-        best = i;
-        best_len = n.size();
-      }
-    }
-    auto* impl = p.value().unsafeGetTensorImpl();
-    auto it = owner.find(impl);
-    if (it != owner.end() && it->second != best) {
-      throw Error(detail::cat("parameter '", p.key(), "' is shared between units '",
-                              detail::display(units[it->second].name), "' and '",
-                              detail::display(units[best].name), "'; a shared (tied) parameter must "
-                              "live in one unit: leave one of them out of the wrap policy"));
-    }
-    // NOTE [frozen parameters]: trainable and frozen parameters go to separate flats.
-    const bool trainable = p.value().requires_grad();
-    if (it == owner.end()) {
-      owner[impl] = best;
-      (trainable ? units[best].numel : units[best].frozen_numel) += p.value().numel();
-    }
-    (trainable ? units[best].params : units[best].frozen_params).push_back(p.key());
-  }
-  for (auto& u : units) u.set_shard_size(shard_size);
-  // Units left without parameters (all in nested units) are dropped, except the root.
-  std::vector<UnitInfo> out;
-  for (size_t i = 0; i < units.size(); ++i) {
-    if (i == 0 || units[i].total_numel() > 0) out.push_back(std::move(units[i]));
-  }
-  return out;
-}
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   int64_t total = 0;
@@ -1045,20 +1009,25 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   return total;
 }
 
-FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> module,
-                                       const FSDPStrategy& strategy,
-                                       std::shared_ptr<Runtime> runtime) {
+std::shared_ptr<Runtime> detail::runtime_for(const FSDPStrategy& strategy,
+                                             std::shared_ptr<Runtime> runtime) {
   if (!runtime) {
     RuntimeOptions opts;
     opts.backend = strategy.backend();
     opts.timeout = strategy.timeout();
-    runtime = Runtime::init(opts);
-  } else {
-    FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
-               "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
-               to_string(runtime->backend()), "; set one of them");
+    return Runtime::init(opts);
   }
-  engine_ = std::make_shared<detail::Engine>(std::move(module), strategy, std::move(runtime));
+  FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
+             "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
+             to_string(runtime->backend()), "; set one of them");
+  return runtime;
+}
+
+FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> module,
+                                       const FSDPStrategy& strategy,
+                                       std::shared_ptr<Runtime> runtime) {
+  engine_ = std::make_shared<detail::Engine>(std::move(module), strategy,
+                                             detail::runtime_for(strategy, std::move(runtime)));
   engine_->build();
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "device_streams.h"
 #include "fsdp/sharded.h"
 
@@ -40,6 +41,11 @@ class MemoryTracker {
  private:
   std::atomic<int64_t> now_{0}, peak_{0};
 };
+
+// The runtime fsdp::shard and DeferredInit use: `runtime`, checked against the strategy's
+// backend, or a new one from the environment (Runtime::init) with the strategy's backend and
+// timeout.
+std::shared_ptr<Runtime> runtime_for(const FSDPStrategy& strategy, std::shared_ptr<Runtime> runtime);
 
 // "(root)" for the root unit's empty path.
 std::string display(const std::string& unit_name);
@@ -130,7 +136,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& dict);
   void summon(bool on);
   MemoryStats memory_stats(const torch::optim::Optimizer* optimizer) const;
-  void reset_peak_memory() { tracker_.reset_peak(); }
+  void reset_peak_memory() {
+    tracker_.reset_peak();
+    pool_.reset_peak();
+  }
   std::vector<std::pair<std::string, CommCounters>> comm_counters() const;
 
   const ShardingPlan& plan() const { return plan_; }
@@ -138,6 +147,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::shared_ptr<Runtime>& runtime() const { return runtime_; }
   const std::shared_ptr<DeviceMesh>& mesh() const { return mesh_; }
   c10::ScalarType param_dtype() const { return param_dtype_; }
+  // Whether some units were built under DeferredInit (NOTE [deferred init]): no rank ever held
+  // the whole model, so whole-model reads (a .pt import) are refused.
+  bool built_deferred() const { return built_deferred_; }
   // For checkpoints: the module, the groups and this rank's place in them.
   torch::nn::Module& root_module() const { return *root_; }
   const std::shared_ptr<Group>& shard_group() const { return shard_group_; }
@@ -156,7 +168,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                        const std::map<std::string, at::Tensor>& params_by_name);
   void check_requires_grad() const;
   void release_frozen(UnitState& u);
-  void flatten_and_shard(UnitState& u, bool broadcast);
+  // `presharded`: this rank's shard built under DeferredInit (NOTE [deferred init]), or undefined
+  // to flatten the module's parameters and slice them here.
+  void flatten_and_shard(UnitState& u, bool broadcast, const at::Tensor& presharded);
   void install_hooks(UnitState& u, const ModuleMap& modules);
   void wrap_sequential_child(UnitState& u, const ModuleMap& modules);
   void select_checkpointed_units(const ModuleMap& modules);
@@ -189,8 +203,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool in_forward_ = false;
   bool callback_queued_ = false;
   bool sync_ = true;
+  bool built_deferred_ = false;
   int summoned_ = 0;
   MemoryTracker tracker_;
+  BufferPool pool_;      // NOTE [buffer pool]: gathered flats, unsharded gradients, reduce outputs
+  bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_
+  // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
+  at::Tensor empty_buffer(int64_t numel, c10::ScalarType dtype);
   DeviceStreams streams_{c10::Device(c10::kCPU)};  // NOTE [CUDA streams]
   struct SequentialSwap {
     torch::nn::SequentialImpl* seq;

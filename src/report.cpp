@@ -225,6 +225,11 @@ std::string TopologyReport::to_text() const {
       os << pad(shard, 10)
          << (u.numel == 0 ? "frozen" : detail::cat("frozen ", format_count(u.frozen_numel)));
     }
+    if (u.construction == "built whole") {  // NOTE [deferred init]
+      os << "  built whole (" << format_bytes(double(u.total_numel()) * 4) << " at once)";
+    } else if (!u.construction.empty()) {
+      os << "  " << u.construction;
+    }
     os << "\n";
   }
   os << "\n  communication per optimizer step, per rank (payload issued):\n";

@@ -61,14 +61,36 @@ Backend parse_backend(const std::string& text) {
 // 503 MiB). PyTorch's Python processes mostly escape it: something large freed early (at import)
 // raises the adaptive threshold high enough (ddp_peer.py's one process: ~900 faults per step).
 // Setting either threshold turns glibc's adaptation off, so both are set.
-const char* to_string(HeapPolicy p) { return p == HeapPolicy::kRetain ? "retain" : "unchanged"; }
+// kLean does the opposite: a fixed, small mmap threshold sends every block of 128 KiB or more to
+// its own mapping, returned to the kernel when freed, and a small trim threshold returns the
+// heap top: the heap then holds little freed memory (no fragmentation by large blocks), at the
+// cost of faulting large activations in again each step. The engine's own large buffers are
+// pooled either way (NOTE [buffer pool] in src/buffer_pool.h).
+const char* to_string(HeapPolicy p) {
+  switch (p) {
+    case HeapPolicy::kRetain: return "retain";
+    case HeapPolicy::kLean: return "lean";
+    case HeapPolicy::kUnchanged: return "unchanged";
+  }
+  return "?";
+}
+
+HeapPolicy parse_heap_policy(const std::string& text) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "retain") return HeapPolicy::kRetain;
+  if (t == "lean") return HeapPolicy::kLean;
+  if (t == "unchanged") return HeapPolicy::kUnchanged;
+  throw Error(detail::cat("heap policy '", text, "' is unknown; use retain, lean or unchanged"));
+}
 
 bool set_heap_policy(HeapPolicy policy) {
   if (policy == HeapPolicy::kUnchanged) return true;
 #if defined(__GLIBC__)
+  const bool retain = policy == HeapPolicy::kRetain;
   // mallopt returns 1 on success; sanitizers' allocators take the call and return 0.
-  return ::mallopt(M_MMAP_THRESHOLD, kRetainMmapThreshold) == 1 &&
-         ::mallopt(M_TRIM_THRESHOLD, kRetainTrimThreshold) == 1;
+  return ::mallopt(M_MMAP_THRESHOLD, retain ? kRetainMmapThreshold : kLeanMmapThreshold) == 1 &&
+         ::mallopt(M_TRIM_THRESHOLD, retain ? kRetainTrimThreshold : kLeanTrimThreshold) == 1;
 #else
   return false;
 #endif

@@ -14,7 +14,9 @@
 #include <array>
 #include <csignal>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -342,6 +344,69 @@ TEST(Train, FreezeKeepsThoseParametersOutOfTraining) {
   EXPECT_NE(last[true]["loss"].get<double>(), last[false]["loss"].get<double>());
 }
 
+// NOTE [deferred init]: building each block as its shard gives exactly eager's losses; a
+// safetensors export of another mesh, and a sharded checkpoint, start a run from its weights.
+TEST(Train, DeferredAndEagerInitTrainAlikeAndInitFromLoadsWeights) {
+  TempDir dir;
+  std::map<std::string, std::vector<double>> losses;
+  for (const std::string init : {"deferred", "eager"}) {
+    const std::string m = dir.file(init + ".jsonl");
+    auto argv = train_args({"--devices", "4", "--quiet", "--init", init, "--metrics", m,
+                            "--export-full", dir.file(init + ".safetensors"), "--checkpoint-dir",
+                            dir.file("ckpt-" + init), "--freeze", "block1.ln1.*"});
+    auto r = run(argv, {}, 90s);
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+    EXPECT_NE(r.output.find("construction           " + init), std::string::npos) << r.output;
+    losses[init] = check_metrics(m, 6, init);
+  }
+  EXPECT_EQ(losses["deferred"], losses["eager"]);
+  // Weights exported from a (4) FULL_SHARD run start a (2, 2) HYBRID run: its first loss is the
+  // trained model's, far below a fresh model's.
+  for (const std::string from : {dir.file("deferred.safetensors"), dir.file("ckpt-deferred/step-00000006")}) {
+    auto argv = train_args({"--devices", "4", "--quiet", "--strategy", "hybrid_shard", "--mesh",
+                            "2,2", "--init-from", from, "--metrics", dir.file("from.jsonl"),
+                            "--steps", "1"});
+    auto r = run(argv, {}, 90s);
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+    EXPECT_NE(r.output.find("weights from " + from), std::string::npos) << r.output;
+    const double first = check_metrics(dir.file("from.jsonl"), 1, from).at(0);
+    EXPECT_LT(first, losses["deferred"].front() - 0.1) << from << ": the weights did not load";
+  }
+  auto bad = run(train_args({"--init-from", dir.path()}), {}, 30s);
+  EXPECT_EQ(bad.exit_code(), 2) << bad.output;
+  EXPECT_NE(bad.output.find("is a directory without a readable meta.json"), std::string::npos)
+      << bad.output;
+  bad = run(train_args({"--init", "lazy"}), {}, 30s);
+  EXPECT_EQ(bad.exit_code(), 2) << bad.output;
+  EXPECT_NE(bad.output.find("--init 'lazy' is unknown; use deferred or eager"), std::string::npos)
+      << bad.output;
+}
+
+// The summary's memory account: its parts, each measured on its own, add up to the kernel's
+// RssAnon within 10% (README "Where a rank's memory goes").
+TEST(Train, MemoryAccountAddsUp) {
+  for (const std::vector<std::string>& s :
+       {std::vector<std::string>{"--strategy", "full_shard"},
+        std::vector<std::string>{"--strategy", "hybrid_shard", "--mesh", "2,2"},
+        std::vector<std::string>{"--strategy", "no_shard"}}) {
+    auto argv = train_args({"--devices", "4", "--quiet", "--model", "small", "--steps", "3",
+                            "--global-batch", "8", "--seq-len", "64"});
+    argv.insert(argv.end(), s.begin(), s.end());
+    auto r = run(argv, {}, 120s);
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+    const auto at = r.output.find("sum of the parts");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    double off = 0;
+    ASSERT_EQ(std::sscanf(line.c_str() + line.find(" = ") + 3, "%lf%%", &off), 1) << line;
+    EXPECT_LE(std::abs(off), 10.0) << s[1] << ": " << line << "\n" << r.output;
+    for (const char* part : {"process base", "sharded state", "engine buffers", "activations",
+                             "allocator slack"}) {
+      EXPECT_NE(r.output.find(part), std::string::npos) << part;
+    }
+  }
+}
+
 TEST(Train, HelpListsEveryFlagWithItsDefault) {
   auto r = run({kTrain, "--help"}, {}, 30s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
@@ -437,7 +502,7 @@ TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
       {{"--grad-sync", "replicate_on_last", "--strategy", "full_shard"}, "replicate_on_last"},
       {{"--clip-grad", "-1"}, "--clip-grad -1"},
       {{"--prefetch", "maybe"}, "'maybe'"},
-      {{"--heap", "never"}, "--heap 'never' is unknown; use retain or unchanged"},
+      {{"--heap", "never"}, "--heap: heap policy 'never' is unknown; use retain, lean or unchanged"},
       {{"--threads", "-2"}, "--threads -2"},
       {{"--timeout", "0"}, "--timeout 0"},
       {{"--model", "huge"}, "'huge'"},

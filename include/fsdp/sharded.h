@@ -59,6 +59,7 @@ class Optimizer;
 namespace fsdp {
 
 class FullyShardedModule;
+class UnitHooks;
 
 namespace detail {
 class Engine;
@@ -136,6 +137,15 @@ void collect_input_tensors(std::vector<at::Tensor>& out, const T& value) {
 // is recording), and the tracking itself.
 bool unit_tracks_inputs(UnitState* unit);
 void unit_track_inputs(UnitState* unit, const std::vector<at::Tensor>& inputs);
+
+// NOTE [deferred init] (fsdp/deferred_init.h): called when a Unit<M>'s constructor returned;
+// under an active DeferredInit on this thread it keeps only this rank's shard. Returns whether
+// it did.
+struct DeferredUnit;
+struct DeferredAccess;  // reads and clears UnitHooks' shards (deferred_init.cpp)
+bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks);
+// Throws: a unit built under DeferredInit ran its forward without fsdp::shard().
+[[noreturn]] void deferred_unit_not_sharded();
 }  // namespace detail
 
 // Base of every interceptable unit. Holds the link the engine sets while the model is sharded.
@@ -150,7 +160,10 @@ class UnitHooks {
   template <class R, bool Rvalues, class F, class... A>
   R fsdp_run(F&& body, A&&... args) {
     detail::UnitState* u = fsdp_unit_;
-    if (!u) return body(std::forward<A>(args)...);
+    if (!u) {
+      if (fsdp_deferred_) detail::deferred_unit_not_sharded();
+      return body(std::forward<A>(args)...);
+    }
     detail::unit_pre_forward(u);
     if (detail::unit_tracks_inputs(u)) {
       std::vector<at::Tensor> inputs;
@@ -175,7 +188,11 @@ class UnitHooks {
 
  private:
   friend class detail::Engine;
+  friend bool detail::deferred_unit_built(torch::nn::Module&, UnitHooks&);
+  friend struct detail::DeferredAccess;
   detail::UnitState* fsdp_unit_ = nullptr;
+  // This rank's shards while built under DeferredInit and not yet adopted by fsdp::shard().
+  std::shared_ptr<detail::DeferredUnit> fsdp_deferred_;
 };
 
 // UnitImpl<M>: M with its forward intercepted. The forward signature is M's, so Sequential and
@@ -193,6 +210,11 @@ class UnitImpl<M, R (M::*)(Args...)> : public M, public UnitHooks {
         [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
         std::forward<Args>(args)...);
   }
+
+ private:
+  // Initialised after M's constructor returned (inheriting constructors still run member
+  // initialisers): NOTE [deferred init].
+  bool fsdp_deferred_built_ = detail::deferred_unit_built(*this, *this);
 };
 
 template <class M, class R, class... Args>
@@ -205,6 +227,11 @@ class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
         [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
         std::forward<Args>(args)...);
   }
+
+ private:
+  // Initialised after M's constructor returned (inheriting constructors still run member
+  // initialisers): NOTE [deferred init].
+  bool fsdp_deferred_built_ = detail::deferred_unit_built(*this, *this);
 };
 
 // fsdp::Unit<BlockImpl> replaces the holder Block (TORCH_MODULE(Block)) in a model.
@@ -236,6 +263,12 @@ struct MemoryStats {
   int64_t unsharded_peak_bytes = 0;   // ... and their peak since the last reset_peak()
   int64_t accumulation_bytes = 0;     // gradients kept between micro-steps (grad_sync modes)
   int64_t replica_param_bytes = 0;    // one unsharded fp32 replica of the parameters, for scale
+  // The engine's large CPU buffers (gathered flats, unsharded gradients, reduce-scatter outputs)
+  // live in mappings of their own, reused step to step, outside malloc (NOTE [buffer pool] in
+  // src/buffer_pool.h): mapped now (in use or kept for the next step), and the peak since
+  // reset_peak(). 0 on CUDA.
+  int64_t pool_mapped_bytes = 0;
+  int64_t pool_peak_bytes = 0;
   int64_t sharded_state_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;
   }

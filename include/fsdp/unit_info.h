@@ -20,6 +20,11 @@ struct UnitInfo {
   int64_t frozen_padded_numel = 0;  // S * ceil(F / S)
   int64_t frozen_shard_numel = 0;   // ceil(F / S)
   std::vector<std::string> frozen_params;
+  // Set by fsdp::shard for a model built under DeferredInit (NOTE [deferred init] in
+  // sharded.h): "deferred" for a unit that sharded itself as it was built, "built whole" for one
+  // built with its parent (the root; Sequential children), which held all its parameters once.
+  // Empty otherwise.
+  std::string construction;
   int64_t total_numel() const { return numel + frozen_numel; }
 
   // Fills the shard and padded counts for a shard group of `shard_size` ranks: every rank

@@ -20,8 +20,44 @@
 
 namespace fsdp_train {
 
+// --freeze: whether `name` matches one of `patterns` (shell globs: * ? [...]).
+inline bool matches_any(const std::vector<std::string>& patterns, const std::string& name) {
+  for (const auto& g : patterns) {
+    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// GPT-2's initialisation of `module`'s own parameters (those under `skip` are left alone):
+// N(0, 0.02) weights, zero biases, LayerNorm at weight 1 and bias 0, and the projections that add
+// into the residual stream (out, proj) scaled by 1/sqrt(2 * layers) so its variance stays put.
+inline void init_gpt2_style(torch::nn::Module& module, int64_t n_layers, const std::string& skip = "") {
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * n_layers);
+  for (auto& p : module.named_parameters()) {
+    const std::string& name = p.key();
+    auto ends_with = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (!skip.empty() && name.compare(0, skip.size(), skip) == 0) continue;
+    if (name.find("ln") != std::string::npos) continue;  // LayerNorm: weight 1, bias 0
+    if (ends_with(".bias")) {
+      p.value().zero_();
+    } else if (ends_with("out.weight") || ends_with("proj.weight")) {
+      p.value().normal_(0.0, residual_std);
+    } else {
+      p.value().normal_(0.0, 0.02);
+    }
+  }
+}
+
+// One block. It initialises (and, for --freeze, freezes) its own parameters in its constructor,
+// as deferred construction needs (NOTE [deferred init] in fsdp/deferred_init.h): `name` is its
+// path in the model ("block3"), for the globs.
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const ModelPreset& c) : n_heads(c.n_heads), dropout(c.dropout) {
+  explicit BlockImpl(const ModelPreset& c, const std::string& name = "",
+                     const std::vector<std::string>& freeze = {})
+      : n_heads(c.n_heads), dropout(c.dropout) {
     const int64_t d = c.d_model;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     q = register_module("q", torch::nn::Linear(d, d));
@@ -31,6 +67,10 @@ struct BlockImpl : torch::nn::Module {
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     fc = register_module("fc", torch::nn::Linear(d, 4 * d));
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
+    init_gpt2_style(*this, c.n_layers);
+    for (auto& p : named_parameters()) {
+      if (matches_any(freeze, name + "." + p.key())) p.value().requires_grad_(false);
+    }
   }
 
   torch::Tensor forward(torch::Tensor x) {
@@ -64,17 +104,20 @@ struct BlockImpl : torch::nn::Module {
 };
 
 // bytes [B, T] (int64) -> logits [B, T, 256]
+// `freeze`: --freeze's globs, applied by each block to itself (the root's parameters are frozen
+// by freeze_parameters after construction).
 struct GPTImpl : torch::nn::Module {
-  explicit GPTImpl(const ModelPreset& c) {
+  explicit GPTImpl(const ModelPreset& c, const std::vector<std::string>& freeze = {}) {
     tok = register_module("tok_emb", torch::nn::Embedding(kVocab, c.d_model));
     pos = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
     for (int64_t i = 0; i < c.n_layers; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), fsdp::Unit<BlockImpl>(c)));
+      const std::string name = "block" + std::to_string(i);
+      blocks.push_back(register_module(name, fsdp::Unit<BlockImpl>(c, name, freeze)));
     }
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
     head = register_module(
         "head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, kVocab).bias(false)));
-    init_weights(c.n_layers);
+    init_gpt2_style(*this, c.n_layers, /*skip=*/"block");  // the blocks did their own
   }
 
   torch::Tensor forward(torch::Tensor tokens) {
@@ -86,42 +129,15 @@ struct GPTImpl : torch::nn::Module {
     return head(ln_f(x));
   }
 
-  // GPT-2's initialisation: N(0, 0.02) weights, zero biases, and the projections that add into the
-  // residual stream (out, proj) scaled by 1/sqrt(2 * layers) so its variance stays put.
-  void init_weights(int64_t n_layers) {
-    torch::NoGradGuard no_grad;
-    const double residual_std = 0.02 / std::sqrt(2.0 * n_layers);
-    for (auto& p : named_parameters()) {
-      const std::string& name = p.key();
-      auto ends_with = [&](const std::string& s) {
-        return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-      };
-      if (name.find("ln") != std::string::npos) continue;  // LayerNorm: weight 1, bias 0
-      if (ends_with(".bias")) {
-        p.value().zero_();
-      } else if (ends_with("out.weight") || ends_with("proj.weight")) {
-        p.value().normal_(0.0, residual_std);
-      } else {
-        p.value().normal_(0.0, 0.02);
-      }
-    }
-  }
-
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
   std::vector<fsdp::Unit<BlockImpl>> blocks;
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear head{nullptr};
 };
 
-// --freeze: every parameter whose name matches one of `patterns` (shell globs: * ? [...]) gets
-// requires_grad false before sharding (NOTE [frozen parameters] in fsdp/sharded.h). Returns the
-// number of parameters (elements) frozen.
-inline bool matches_any(const std::vector<std::string>& patterns, const std::string& name) {
-  for (const auto& g : patterns) {
-    if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  }
-  return false;
-}
+// --freeze: every parameter whose name matches one of `patterns` gets requires_grad false before
+// sharding (NOTE [frozen parameters] in fsdp/sharded.h); the blocks' own are false already.
+// Returns the number of parameters (elements) frozen.
 inline int64_t freeze_parameters(torch::nn::Module& model, const std::vector<std::string>& patterns) {
   int64_t frozen = 0;
   for (auto& p : model.named_parameters()) {

@@ -137,6 +137,29 @@ void check_checkpoint_dir(const std::string& dir) {
              "'; create it first");
 }
 
+// --init-from: a readable .safetensors / .pt file, or a sharded checkpoint directory (one with a
+// meta.json). What is inside is checked when it loads, on every rank.
+void check_init_from(const std::string& path) {
+  struct stat st {};
+  FSDP_CHECK(::stat(path.c_str(), &st) == 0, "--init-from '", path, "' cannot be read (",
+             std::strerror(errno), "); give a .safetensors or .pt file or a checkpoint directory");
+  if (S_ISDIR(st.st_mode)) {
+    const std::string meta = path + "/meta.json";
+    FSDP_CHECK(::access(meta.c_str(), R_OK) == 0, "--init-from '", path, "' is a directory "
+               "without a readable meta.json, so not a sharded checkpoint; give a checkpoint "
+               "directory (e.g. DIR/step-00000100) or a .safetensors/.pt file");
+    return;
+  }
+  auto ends = [&](const std::string& ext) {
+    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  };
+  FSDP_CHECK(S_ISREG(st.st_mode) && (ends(".safetensors") || ends(".pt")), "--init-from '", path,
+             "' is neither a .safetensors nor a .pt file nor a checkpoint directory; export one "
+             "with --export-full");
+  FSDP_CHECK(::access(path.c_str(), R_OK) == 0, "--init-from '", path, "' cannot be read (",
+             std::strerror(errno), "); check its permissions");
+}
+
 // Size of a readable regular file, or an error naming the flag, the path and the reason.
 int64_t readable_size(const std::string& what, const std::string& path) {
   struct stat st {};
@@ -294,6 +317,17 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "'block*.q.*'; repeatable): no gradient, reduction or optimizer state for them")
       ->type_name("GLOB")
       ->group(model);
+  app.add_option("--init", o.init,
+                 "deferred: each block keeps only this rank's shard as it is built, so no rank "
+                 "holds the whole model (fsdp::DeferredInit) | eager: build it whole, then shard; "
+                 "both give the same values")
+      ->group(model);
+  app.add_option("--init-from", o.init_from,
+                 "start from these weights (optimizer fresh): a full checkpoint (.safetensors "
+                 "read as this rank's byte ranges, or .pt) or a sharded checkpoint directory, "
+                 "from any mesh; --resume wins when it finds a checkpoint")
+      ->type_name("PATH")
+      ->group(model);
   app.add_option("--data", o.data,
                  cat("training text, read as bytes (vocabulary 256); empty = the default "
                      "corpus, license texts from ",
@@ -331,8 +365,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "seconds a rank waits for its peers (rendezvous, collectives) before failing")
       ->group(runtime);
   app.add_option("--heap", o.heap,
-                 "retain: glibc keeps freed memory for the next step (faster; a little more "
-                 "peak RSS) | unchanged: leave malloc's settings alone (README \"The CPU heap\")")
+                 "retain: glibc keeps freed memory for the next step (fastest; more peak RSS) | "
+                 "lean: glibc returns freed memory (least peak RSS; page faults each step) | "
+                 "unchanged: leave malloc's settings alone (README \"The CPU heap\")")
       ->group(runtime);
 
   const char* ckpt = "Checkpoints and sampling";
@@ -458,10 +493,16 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   for (const auto& g : o.freeze) {
     FSDP_CHECK(!g.empty(), "--freeze '' is empty; give a glob of parameter names, e.g. 'tok_emb.*'");
   }
-  const std::string heap = lower(o.heap);
-  FSDP_CHECK(heap == "retain" || heap == "unchanged", "--heap '", o.heap,
-             "' is unknown; use retain or unchanged");
-  p.heap = heap == "retain" ? fsdp::HeapPolicy::kRetain : fsdp::HeapPolicy::kUnchanged;
+  const std::string init = lower(o.init);
+  FSDP_CHECK(init == "deferred" || init == "eager", "--init '", o.init,
+             "' is unknown; use deferred or eager");
+  p.deferred_init = init == "deferred";
+  if (!o.init_from.empty()) check_init_from(o.init_from);
+  try {
+    p.heap = fsdp::parse_heap_policy(o.heap);
+  } catch (const fsdp::Error& e) {
+    throw fsdp::Error(cat("--heap: ", e.what()));
+  }
   const std::string prefetch = lower(o.prefetch);
   FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
              "' is unknown; use on or off");

@@ -60,6 +60,8 @@ struct TrainOptions {
   std::string data;  // empty: the default corpus
   double dropout = 0;
   std::vector<std::string> freeze;  // globs of parameter names trained frozen (requires_grad false)
+  std::string init = "deferred";  // deferred: blocks shard as they are built | eager
+  std::string init_from;          // weights to start from: .safetensors/.pt file or checkpoint dir
   // Optimisation.
   int64_t steps = 100;
   int64_t global_batch = 8;
@@ -119,6 +121,7 @@ struct TrainPlan {
   int64_t micro_batch = 1;     // sequences per rank per micro-step: per_rank_batch / grad_accum
   bool bf16 = false;
   fsdp::HeapPolicy heap = fsdp::HeapPolicy::kRetain;
+  bool deferred_init = true;  // --init deferred
   DataSource data;
 };
 

@@ -21,6 +21,8 @@
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"
+#include "build_model.h"
+#include "memory_account.h"
 #include "gpt.h"
 #include "plot.h"
 
@@ -287,7 +289,8 @@ std::string printable(std::string s) {
 
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
                    const fsdp::TopologyReport& report, double total_s, const CheckpointLog& ckpt,
-                   const std::string& backend, const std::string& heap) {
+                   const std::string& backend, const std::string& heap,
+                   const Construction& construction, const MemoryAccount& account) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
                 static_cast<long long>(o.steps));
@@ -321,6 +324,7 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   row("final loss", buf);
   row("backend", backend);
   row("heap", heap);
+  row("construction", construction.describe());
   row("parameters",
       report.trainable_params < report.total_params
           ? cat(fsdp::format_count(double(report.trainable_params)), " trainable of ",
@@ -345,6 +349,18 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
   row("  gathered peak", cat(fsdp::format_bytes(peak[kGatheredPeak]),
                              " (unsharded parameters and gradients held at once)"));
   row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
+  if (!account.empty()) {
+    std::printf("  where rank 0's memory goes (anonymous RSS at the end of step %lld's forward)\n",
+                static_cast<long long>(account.step()));
+    for (const auto& part : account.parts()) {
+      row("  " + part.name, cat(fsdp::format_bytes(double(part.bytes)), " (", part.what, ")"));
+    }
+    const double off = 100.0 * (double(account.sum()) / double(account.measured()) - 1.0);
+    char line[96];
+    std::snprintf(line, sizeof line, " = %+.1f%% of the measured RssAnon ", off);
+    row("  sum of the parts", cat(fsdp::format_bytes(double(account.sum())), line,
+                                  fsdp::format_bytes(double(account.measured()))));
+  }
   std::printf("  communication per step (payload one rank issues; largest rank, mean of steps)\n");
   const auto& c = report.comm;
   row("  shard group", cat(fsdp::format_bytes(mean[kCommShard]), "  (plan: ",
@@ -409,6 +425,8 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::string heap;     // what --heap did
   std::string sample;
   fsdp::TopologyReport report;
+  Construction construction;
+  MemoryAccount account;  // rank 0's memory at the end of its largest forward
   int64_t n_params = 0, n_trainable = 0;
   const auto start = Clock::now();
   bool lead = false;
@@ -420,13 +438,17 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     auto runtime = fsdp::Runtime::init(ro);
     if (p.heap == fsdp::HeapPolicy::kUnchanged) {
       heap = "unchanged (--heap unchanged: malloc's own settings)";
-    } else if (runtime->heap_applied()) {
+    } else if (!runtime->heap_applied()) {
+      heap = cat(fsdp::to_string(p.heap), " asked, not applied: this allocator ignores mallopt "
+                 "(sanitizer build or not glibc)");
+    } else if (p.heap == fsdp::HeapPolicy::kRetain) {
       heap = cat("retain (glibc keeps freed memory for the next step: mmap threshold ",
                  fsdp::format_bytes(fsdp::kRetainMmapThreshold), ", trim threshold ",
                  fsdp::format_bytes(fsdp::kRetainTrimThreshold), ")");
     } else {
-      heap = "retain asked, not applied: this allocator ignores mallopt (sanitizer build or not "
-             "glibc)";
+      heap = cat("lean (glibc returns freed memory: mmap threshold ",
+                 fsdp::format_bytes(fsdp::kLeanMmapThreshold), ", trim threshold ",
+                 fsdp::format_bytes(fsdp::kLeanTrimThreshold), ")");
     }
     backend = runtime->backend_reason().empty() ? fsdp::to_string(runtime->backend())
                                                 : runtime->backend_reason();
@@ -441,11 +463,9 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
           .clone();
     }();
-    torch::manual_seed(static_cast<uint64_t>(o.seed));
-    auto net = std::make_shared<GPTImpl>(p.preset);
-    n_params = count_params(*net);
-    freeze_parameters(*net, o.freeze);
-    auto model = fsdp::shard(net, p.strategy, runtime);
+    account.set_base();
+    Model model = build_model(o, p, runtime, &construction);
+    n_params = construction.params;
     n_trainable = model.trainable_numel();
     torch::optim::AdamW optimizer(
         model.parameters(),
@@ -473,6 +493,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           static_cast<long long>(o.global_batch), static_cast<long long>(o.seq_len),
           static_cast<long long>(o.grad_accum), static_cast<long long>(o.steps),
           p.data.label.c_str(), fsdp::format_bytes(double(p.data.bytes)).c_str());
+      std::printf("fsdp-train: construction %s\n", construction.describe().c_str());
       // The plan's warnings (e.g. groups spanning nodes): fsdp::shard printed them on rank 0.
       std::fflush(stdout);
     }
@@ -547,6 +568,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
         auto logits = model(tokens.narrow(1, 0, T));
         auto loss = torch::nn::functional::cross_entropy(
             logits.to(torch::kFloat).reshape({-1, kVocab}), tokens.narrow(1, 1, T).reshape({-1}));
+        if (k + 1 == K) account.sample(step + 1, model.memory_stats(&optimizer));
         (loss / double(K)).backward();
         loss_sum += loss.item<double>();
       }
@@ -616,11 +638,12 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       ckpt.exported = o.export_full;
       ckpt.export_s = seconds_since(t);
     }
-    if (o.sample > 0) sample = sample_text(model, *net, o, p.preset, *runtime);
+    if (o.sample > 0) sample = sample_text(model, *model.module(), o, p.preset, *runtime);
   }  // every rank leaves the job here (Runtime's destructor waits for the others)
 
   if (!lead) return 0;
-  print_summary(o, p, records, report, seconds_since(start), ckpt, backend, heap);
+  print_summary(o, p, records, report, seconds_since(start), ckpt, backend, heap,
+                  construction, account);
   if (o.sample > 0) {
     std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
                 static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),

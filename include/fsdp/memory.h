@@ -1,0 +1,29 @@
+// fsdp/memory.h: a process's memory as the kernel and the allocator see it, for accounting a
+// rank's peak part by part (fsdp-train's summary; README "Where a rank's memory goes").
+//
+// The engine's own bytes (shards, optimizer state, gathered parameters, pooled buffers) are in
+// MemoryStats (fsdp/sharded.h); this adds what only the process knows: resident anonymous memory
+// and how much of malloc's heap is live versus freed but kept.
+#pragma once
+
+#include <cstdint>
+
+namespace fsdp {
+
+struct ProcessMemory {
+  int64_t rss_anon = 0;     // RssAnon: resident anonymous pages (heap, mappings, stacks)
+  int64_t rss_file = 0;     // RssFile: resident pages of mapped files (libtorch's code...)
+  int64_t peak_rss = 0;     // VmHWM: the most resident memory since start (or the last reset)
+  int64_t heap_in_use = 0;  // malloc'ed and not yet freed (glibc mallinfo2: uordblks + hblkhd)
+  int64_t heap_free = 0;    // freed but kept by malloc in its arenas (mallinfo2 fordblks)
+};
+
+// Reads /proc/self/status and glibc's mallinfo2 (heap fields 0 where the allocator is not
+// glibc's). Local; cheap (no lock held while the heap is walked: mallinfo2 locks each arena).
+ProcessMemory process_memory();
+
+// Resets VmHWM to the current resident size (Linux 4.0+, /proc/self/clear_refs); false where the
+// kernel refuses, and then peak_rss keeps counting from the process's start.
+bool reset_peak_rss();
+
+}  // namespace fsdp

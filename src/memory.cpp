@@ -1,0 +1,39 @@
+// A process's memory from /proc and glibc (fsdp/memory.h).
+#include "fsdp/memory.h"
+
+#include <malloc.h>
+
+#include <fstream>
+#include <string>
+
+namespace fsdp {
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  auto field = [&](const char* key, int64_t* out) {
+    const std::string k = std::string(key) + ":";
+    if (line.compare(0, k.size(), k) == 0) *out = std::stoll(line.substr(k.size())) * 1024;
+  };
+  while (std::getline(in, line)) {
+    field("RssAnon", &m.rss_anon);
+    field("RssFile", &m.rss_file);
+    field("VmHWM", &m.peak_rss);
+  }
+#if defined(__GLIBC__)
+  const struct mallinfo2 mi = ::mallinfo2();
+  m.heap_in_use = static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+  m.heap_free = static_cast<int64_t>(mi.fordblks);
+#endif
+  return m;
+}
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+}  // namespace fsdp
