@@ -12,6 +12,8 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
   theory   bytes communicated per step per group and sharded state per rank, measured (fsdp-train
            --metrics) next to the formulas.
   scaling  step time and peak RSS against model size per strategy (W = 4), and against W.
+  planner  fsdp-plan --calibrate, then fsdp-plan's predicted step time, sharded state and bytes
+           against measured fsdp-train runs: every strategy, W = 2, 4, 8, two model sizes.
   memory   under a per-rank memory cap (a memory cgroup per rank: the kernel kills a rank that
            exceeds it), the largest GPT each strategy trains at W = 4 (--layers varied).
 
@@ -249,6 +251,58 @@ def scaling(r, results, quick):
     results["scaling_world"] = rows
 
 
+def planner(r, results, quick):
+    """fsdp-plan's predictions against measured fsdp-train runs (issue 25): calibrate this
+    machine (fsdp-plan --calibrate), then every strategy at W = 2, 4, 8 for two model sizes:
+    step time, sharded state and bytes per step, predicted and measured."""
+    plan = os.path.join(r.build, "fsdp-plan")
+    cluster = os.path.join(r.work, "this-machine.json")
+    started, load_before = time.time(), os.getloadavg()[0]
+    log("planner: fsdp-plan --calibrate")
+    subprocess.run([plan, "--calibrate", "--devices", "2" if quick else "4", "--output", cluster]
+                   + (["--sizes", "1,4", "--calibrate-steps", "2"] if quick else []),
+                   env=r.env, check=True, capture_output=True, text=True, timeout=900)
+    models = [("tiny", 8, 32)] if quick else [("small", 16, 128), ("medium", 8, 64)]
+    worlds = [2] if quick else [2, 4, 8]
+    strategies = ["full_shard", "no_shard"] if quick else [
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"]
+    steps = 3 if quick else 6
+    rows = []
+    for model, batch, seq in models:
+        for w in worlds:
+            for s in strategies:
+                log(f"planner: {model} W={w} {s}")
+                m = r.fsdp(model, steps, batch, seq, w, s)
+                mesh = f"2,{w // 2}" if s.startswith("hybrid") else None
+                p = json.loads(subprocess.run(
+                    [plan, "--cluster", cluster, "--ranks-per-node", str(w), "--model", model,
+                     "--seq-len", str(seq), "--micro-batch", str(batch // w), "--clip",
+                     "--strategy", s, "--json"] + (["--mesh", mesh] if mesh else []),
+                    env=r.env, check=True, capture_output=True, text=True).stdout)
+                c = p["candidates"][0]
+                last = m["steps"][-1]
+                rows.append({"model": model, "world": w, "strategy": s, "mesh": c["mesh"],
+                             "global_batch": batch, "seq_len": seq, "command": m["command"],
+                             "measured_step_s": m["median_step_s"],
+                             "predicted_step_s": c["time_s"]["step"],
+                             "predicted_compute_s": c["time_s"]["compute"],
+                             "predicted_comm_s": c["time_s"]["communication"],
+                             "measured_sharded_state": last["sharded_state_bytes"],
+                             "predicted_sharded_state": c["memory_bytes"]["sharded_state"],
+                             "measured_comm": [last["comm_bytes"]["shard"],
+                                               last["comm_bytes"]["replicate"]],
+                             "predicted_comm": [c["comm_bytes_per_step"]["shard"]["total"],
+                                                c["comm_bytes_per_step"]["replicate"]["all_reduce"]]})
+    here = machine()
+    results["planner"] = {"cluster": json.load(open(cluster)), "rows": rows,
+                          "machine": {"cpu": here["cpu"], "kernel": here["kernel"],
+                                      "load_before": load_before,
+                                      "load_after": os.getloadavg()[0],
+                                      "seconds": time.time() - started},
+                          "command": "fsdp-plan --calibrate --devices 4; then per row fsdp-train "
+                                     "--metrics and fsdp-plan --cluster FILE --json"}
+
+
 class MemoryCap:
     """One memory cgroup per rank (v2 memory.max, or v1 memory.limit_in_bytes)."""
 
@@ -436,7 +490,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
-    ap.add_argument("--sections", default="peers,peers26,scaling,memory,beyond")
+    ap.add_argument("--sections", default="peers,peers26,scaling,memory,beyond,planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -461,7 +515,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         r = Runner(build, work, args.quick)
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
-                         ("memory", memory_headline), ("beyond", beyond_one_rank)):
+                         ("memory", memory_headline), ("beyond", beyond_one_rank),
+                         ("planner", planner)):
             if name in sections:
                 fn(r, results, args.quick)
                 save()

@@ -34,14 +34,69 @@ def fmt_count(n):
 
 
 def details(title, obj):
-    def strip(o):  # the per-step metrics and plans are long: keep the numbers a table used
-        if isinstance(o, dict):
-            return {k: strip(v) for k, v in o.items() if k not in ("steps", "plan")}
-        if isinstance(o, list):
-            return [strip(v) for v in o]
-        return o
-    return (f"<details><summary>{title}: raw JSON</summary>\n\n```json\n"
-            f"{json.dumps(strip(obj), indent=None)}\n```\n</details>\n")
+    """Raw numbers stay in docs/bench/results.json; the page only says where."""
+    return f"Raw results: `docs/bench/results.json` ({title}).\n"
+
+
+def planner_section(pl, cores):
+    """fsdp-plan's predictions against measured fsdp-train runs (bench.py's planner section)."""
+    rows = pl["rows"]
+    c = pl["cluster"]
+    bands = ", ".join(f"{b['bytes'] >> 20} MiB {b['busbw_gbs']:.3f}" for b in c["intra"].get("bands", []))
+    pm = pl.get("machine", {})
+    load = (f"load average {pm['load_before']:.1f} before and {pm['load_after']:.1f} after"
+            if "load_before" in pm else f"load average {pm.get('load_after', float('nan')):.1f} after")
+    spread = {}
+    for r in rows:
+        g = spread.setdefault((r["model"], r["world"]), {"m": [], "p": []})
+        g["m"].append(r["measured_step_s"])
+        g["p"].append(r["predicted_step_s"])
+    m_spread = max(max(g["m"]) / min(g["m"]) for g in spread.values())
+    p_spread = max(max(g["p"]) / min(g["p"]) for g in spread.values())
+    md = ["## Planner: predicted against measured", "",
+          f"Measured separately from the sections above: {pm.get('cpu', '?')}, {load}, "
+          f"{pm.get('seconds', 0) / 60:.0f} min. Within one model and W the measured step times "
+          f"differ by up to {m_spread:.2f}x between strategies, the predicted by up to "
+          f"{p_spread:.2f}x: where the first is much larger, the machine's load (other jobs), "
+          "not the strategy, decided the measured order.", "",
+          "`fsdp-plan --calibrate` measured this machine first (compute: "
+          f"{c['peak_tflops'] * 1e3:.1f} GFLOP/s per core from one-process fsdp-train steps; ring "
+          f"all-gather / reduce-scatter busbw GB/s by buffer size: {bands}; {cores} cores shared by "
+          "the ranks), then each row ran fsdp-train (median of steps 3 and on) and asked "
+          "`fsdp-plan --cluster FILE --json` for the same model, batch, strategy and mesh. "
+          "Sharded state and bytes per step must be equal; step time is the cost model's "
+          "prediction (compute + communication: on a CPU whose cores all compute, nothing "
+          "overlaps).", "",
+          "| model | W | strategy | mesh | measured s/step | predicted | error | state equal | bytes equal |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for r in rows:
+        err = r["predicted_step_s"] / r["measured_step_s"] - 1
+        errors.append(abs(err))
+        md.append(f"| {r['model']} | {r['world']} | {r['strategy']} | ({r['mesh'][0]}, {r['mesh'][1]}) | "
+                  f"{r['measured_step_s']:.4f} | {r['predicted_step_s']:.4f} | {100 * err:+.0f}% | "
+                  f"{'yes' if r['measured_sharded_state'] == r['predicted_sharded_state'] else '**no**'} | "
+                  f"{'yes' if r['measured_comm'] == r['predicted_comm'] else '**no**'} |")
+    within = sum(e <= 0.2 for e in errors)
+    md += ["", f"Step time within 20%: {within} of {len(errors)} rows; median error "
+           f"{100 * med(errors):.0f}%, largest {100 * max(errors):.0f}%.", ""]
+    # Ranking of strategies by step time, per model and W.
+    md += ["| model | W | measured ranking (fastest first) | predicted ranking | same |",
+           "|---|---|---|---|---|"]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["world"]), []).append(r)
+    same = 0
+    for (model, w), g in groups.items():
+        meas = [x["strategy"] for x in sorted(g, key=lambda x: x["measured_step_s"])]
+        pred = [x["strategy"] for x in sorted(g, key=lambda x: x["predicted_step_s"])]
+        same += meas == pred
+        md.append(f"| {model} | {w} | {', '.join(meas)} | {', '.join(pred)} | "
+                  f"{'yes' if meas == pred else 'no'} |")
+    md += ["", f"Rankings equal in {same} of {len(groups)} (model, W) groups. Rerun: "
+           "`/usr/bin/python3 bench/bench.py --build build --sections planner --merge`.", "",
+           "![predicted vs measured step time](docs/bench/planner.png)", ""]
+    return md
 
 
 def label_of(r):
@@ -202,6 +257,25 @@ def charts(res, out_dir):
                    f"with labels offset 0,1 notitle\n", png):
             made.append(png)
         os.unlink(dat)
+    pl = (res.get("planner") or {}).get("rows") or []
+    if pl:
+        # Measured bars with the prediction (the theory) beside them, one pair per run.
+        dat = os.path.join(out_dir, "planner.dat")
+        with open(dat, "w") as f:
+            for i, r in enumerate(pl):
+                short = {"full_shard": "FS", "shard_grad_op": "SGO", "no_shard": "NS",
+                         "hybrid_shard": "HS", "hybrid_shard_zero2": "HS2"}[r["strategy"]]
+                f.write(f"{i} \"{r['model'][0]}{r['world']} {short}\" {r['measured_step_s']} "
+                        f"{r['predicted_step_s']}\n")
+        png = os.path.join(out_dir, "planner.png")
+        if gnuplot("set ylabel 'seconds per step'\nset style data histograms\n"
+                   "set style histogram clustered gap 1\nset style fill solid 0.7\n"
+                   "set xtics rotate by -60 font ',8'\nset grid ytics\nset key top left\n"
+                   "set title 'fsdp-plan: predicted vs measured (s = small, m = medium; W; strategy)'\n"
+                   f"plot '{dat}' using 3:xtic(2) title 'measured', '' using 4 title 'predicted'\n",
+                   png):
+            made.append(png)
+        os.unlink(dat)
     return made
 
 
@@ -345,6 +419,8 @@ def main():
                       f"{'written' if r['checkpointed'] else '-'} | "
                       f"{'written' if r['exported'] else '-'} | {r['wall_s']:.0f} s |")
         md += [""]
+    if res.get("planner"):
+        md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",
            "Prepared, **not run here** (this machine has no GPU): `scripts/gpu-check.sh` builds "
            "fsdp against a pip-installed CUDA PyTorch, runs the GPU tests and compares fsdp-train "

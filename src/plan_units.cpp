@@ -78,12 +78,7 @@ std::vector<UnitInfo> plan_units(torch::nn::Module& model, const WrapPolicy& pol
     }
     (trainable ? units[best].params : units[best].frozen_params).push_back(p.key());
   }
-  for (auto& u : units) {
-    u.shard_numel = (u.numel + shard_size - 1) / shard_size;
-    u.padded_numel = u.shard_numel * shard_size;
-    u.frozen_shard_numel = (u.frozen_numel + shard_size - 1) / shard_size;
-    u.frozen_padded_numel = u.frozen_shard_numel * shard_size;
-  }
+  for (auto& u : units) u.set_shard_size(shard_size);
   // Units left without parameters (all in nested units) are dropped, except the root.
   std::vector<UnitInfo> out;
   for (size_t i = 0; i < units.size(); ++i) {

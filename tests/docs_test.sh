@@ -10,7 +10,7 @@ status=0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-for tool in fsdp-train fsdp-run; do
+for tool in fsdp-train fsdp-run fsdp-plan; do
   "$build/$tool" --help >"$work/$tool.help"
   for flag in $(grep -oE -- '--[a-z][a-z0-9-]+' "$work/$tool.help" | sort -u); do
     [ "$flag" = "--help" ] && continue
@@ -32,7 +32,7 @@ for tool in fsdp-train fsdp-run; do
 done
 
 # Flags in the README's tables (rows starting with | `--flag) must exist in one of the tools.
-all_help=$(cat "$work/fsdp-train.help" "$work/fsdp-run.help")
+all_help=$(cat "$work/fsdp-train.help" "$work/fsdp-run.help" "$work/fsdp-plan.help")
 for flag in $(grep -oE -- '^\| `--[a-z][a-z0-9-]+' "$readme" | sed 's/^| `//' | sort -u); do
   if ! printf '%s\n' "$all_help" | grep -q -- "$flag"; then
     echo "README.md documents $flag, which no tool's --help lists"
@@ -41,12 +41,12 @@ for flag in $(grep -oE -- '^\| `--[a-z][a-z0-9-]+' "$readme" | sed 's/^| `//' | 
 done
 
 # Defaults: "README.md:LINE TOOL FLAG README_DEFAULT" for each table row. A row belongs to the
-# tool its section's heading names (fsdp-run, else fsdp-train). The README's cell may explain
+# tool its section's heading names (fsdp-run, fsdp-plan, else fsdp-train). The README's cell may explain
 # its value ("0 (auto)") or quote it ("The "): its first word is what must equal --help's
 # default. Where --help shows no default, the cell must not claim a number.
 awk '/^```/ { fenced = !fenced; next }
      fenced { next }
-     /^#+ / { tool = ($0 ~ /fsdp-run/) ? "fsdp-run" : "fsdp-train" }
+     /^#+ / { tool = ($0 ~ /fsdp-run/) ? "fsdp-run" : ($0 ~ /fsdp-plan/) ? "fsdp-plan" : "fsdp-train" }
      /^\| `--[a-z]/ {
        row = $0; gsub(/\\\|/, "/", row)  # an escaped \| inside a cell
        split(row, cell, "|")

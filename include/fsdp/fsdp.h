@@ -15,6 +15,7 @@
 #include "fsdp/launcher.h"
 #include "fsdp/memory.h"
 #include "fsdp/mesh.h"
+#include "fsdp/planner.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"

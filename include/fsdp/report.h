@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/sharded.h"
 #include "fsdp/strategy.h"
+#include "fsdp/unit_info.h"
 
 namespace fsdp {
 

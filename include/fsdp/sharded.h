@@ -50,6 +50,7 @@
 
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/strategy.h"
+#include "fsdp/unit_info.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -237,7 +238,7 @@ class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
 template <class M>
 using Unit = torch::nn::ModuleHolder<UnitImpl<M>>;
 
-// One unit as planned: its module path ("" for the root) and parameter counts.
+// UnitInfo (one unit as planned) is in fsdp/unit_info.h.
 // NOTE [frozen parameters]
 // A unit's parameters form two flat tensors, each sharded the same way over the shard group:
 // the trainable ones (requires_grad) and the frozen ones. Both are gathered before the unit's
@@ -246,22 +247,6 @@ using Unit = torch::nn::ModuleHolder<UnitImpl<M>>;
 // backward once the gradients of the unit's tensor arguments and of its trainable parameters
 // are complete (the last moment autograd can read it), like FSDP2's post-backward on inputs.
 // requires_grad is read at fsdp::shard(); changing it later is an error at the next forward.
-struct UnitInfo {
-  std::string name;
-  int64_t numel = 0;         // trainable parameters P (requires_grad)
-  int64_t padded_numel = 0;  // S * ceil(P / S)
-  int64_t shard_numel = 0;   // ceil(P / S): elements this rank stores
-  std::vector<std::string> params;  // the trainable parameters' names, in flat order
-  int64_t frozen_numel = 0;         // frozen parameters F (requires_grad false)
-  int64_t frozen_padded_numel = 0;  // S * ceil(F / S)
-  int64_t frozen_shard_numel = 0;   // ceil(F / S)
-  std::vector<std::string> frozen_params;
-  // Set by fsdp::shard for a model built under DeferredInit (NOTE [deferred init]): "deferred"
-  // for a unit that sharded itself as it was built, "built whole" for one built with its parent
-  // (the root; Sequential children), which held all its parameters once. Empty otherwise.
-  std::string construction;
-  int64_t total_numel() const { return numel + frozen_numel; }
-};
 
 // Finds the units `policy` makes of `model`, without sharding anything: what the engine and the
 // topology report (report.h) both use. Throws fsdp::Error if a by_type policy selects a module

@@ -154,6 +154,10 @@ std::string first_error_line(const std::string& output) {
 void plot_losses(const std::vector<LossCurve>& curves, const std::string& png,
                  const std::string& title) {
   FSDP_CHECK(!curves.empty(), "nothing to plot: no loss curves given");
+  run_gnuplot_script(script_for(curves, png, title), png);
+}
+
+void run_gnuplot_script(const std::string& script, const std::string& png) {
   const std::string gnuplot = find_gnuplot();
   FSDP_CHECK(!gnuplot.empty(), "gnuplot is not in PATH, so ", png,
              " cannot be drawn; install it "
@@ -162,7 +166,6 @@ void plot_losses(const std::vector<LossCurve>& curves, const std::string& png,
   const int fd = ::mkstemp(tmpl);
   FSDP_CHECK(fd >= 0, "cannot create a temporary gnuplot script in /tmp: ", std::strerror(errno));
   const std::string script_path = tmpl;
-  const std::string script = script_for(curves, png, title);
   const bool written =
       ::write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
   ::close(fd);

@@ -28,6 +28,9 @@ std::string find_gnuplot();
 // Draws `curves` into `png` (pngcairo if gnuplot has it, else its libgd png terminal; both ship
 // with gnuplot-nox). Throws fsdp::Error if gnuplot is missing, fails (with its first error line)
 // or writes no file.
+// Runs a gnuplot `script` that draws `png` (fsdp-plan --chart). Same errors as plot_losses.
+void run_gnuplot_script(const std::string& script, const std::string& png);
+
 void plot_losses(const std::vector<LossCurve>& curves, const std::string& png,
                  const std::string& title);
 

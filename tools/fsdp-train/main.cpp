@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   fsdp_train::TrainPlan plan;
   try {
     env = fsdp::detect_cluster(fsdp::current_environment());
-    const bool is_rank = env.kind != fsdp::ClusterKind::kSingle && !o.dry_run;
+    const bool is_rank = env.kind != fsdp::ClusterKind::kSingle && !o.dry_run && !o.plan;
     if (is_rank) {
       // A launcher started us: the world comes from it; flags the user gave must agree with it.
       fsdp::GivenLaunchOptions given;
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
       env = fsdp::apply_master_flags(given, env);  // e.g. --master-port under srun
       plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
     } else {
-      if (o.dry_run && launch.num_nodes > 1) {
+      if ((o.dry_run || o.plan) && launch.num_nodes > 1) {
         // A dry run starts nothing, so a multi-node plan needs no --master-port: check the
         // node flags here and the rest as for one node.
         FSDP_CHECK(launch.node_rank >= 0 && launch.node_rank < launch.num_nodes, "--node-rank ",
@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
+    if (o.plan) return fsdp_train::run_plan(o, plan);
     if (env.kind == fsdp::ClusterKind::kSingle) {
       // Supervisor of a multi-process job, or nullopt for a one-process job.
       if (std::optional<int> code = fsdp::launch_self(argc, argv, launch)) return *code;

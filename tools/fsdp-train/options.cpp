@@ -498,7 +498,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "print the topology report (mesh, groups, communication, memory per rank) and "
                "exit; starts no processes")
       ->group(output);
-  app.add_flag("--json", o.json, "with --dry-run: print the report as one JSON object")
+  app.add_flag("--plan", o.plan,
+               "print fsdp-plan's predicted memory and step time of every strategy and mesh for "
+               "this model on this machine, this run's choice marked, and exit")
+      ->group(output);
+  app.add_flag("--json", o.json, "with --dry-run or --plan: print one JSON object")
       ->group(output);
   app.add_flag("--quiet", o.quiet, "no progress output (banner and summary stay)")->group(output);
 
@@ -635,8 +639,9 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   p.micro_batch = p.per_rank_batch / o.grad_accum;
   check_batch_fits(o, p);
 
-  FSDP_CHECK(!o.json || o.dry_run,
-             "--json only applies to --dry-run; add --dry-run or drop --json");
+  FSDP_CHECK(!o.json || o.dry_run || o.plan,
+             "--json only applies to --dry-run and --plan; add one or drop --json");
+  FSDP_CHECK(!(o.dry_run && o.plan), "--dry-run and --plan each print a report; give one");
   if (!o.metrics.empty()) check_output_path("--metrics", o.metrics);
   if (!o.plot.empty()) {
     check_output_path("--plot", o.plot);

@@ -110,6 +110,7 @@ struct TrainOptions {
   std::string metrics;
   std::string plot;
   bool dry_run = false;
+  bool plan = false;  // --plan: the planner's table for this model on this machine (fsdp-plan)
   bool json = false;
   bool quiet = false;
 };

@@ -9,6 +9,10 @@ namespace fsdp_train {
 // Prints the topology report for plan.world_size ranks (text, or JSON with --json). Returns 0.
 int run_dry_run(const TrainOptions& o, const TrainPlan& plan);
 
+// --plan (plan.cpp): the planner's table for this model on this machine (the calibrated cluster
+// file if there is one), with this run's strategy and mesh marked. Returns 0.
+int run_plan(const TrainOptions& o, const TrainPlan& plan);
+
 // Throws fsdp::Error unless every --freeze glob matches a parameter of the model and at least one
 // parameter stays trainable. Builds nothing of the model's size.
 void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& preset);

@@ -1,0 +1,250 @@
+// The planner's cost model: one candidate's memory, bytes and step time (see fsdp/planner.h).
+//
+// NOTE [planner cost model]
+// Bytes and the memory of parameters, gradients and optimizer state are make_topology_report's,
+// the arithmetic the engine's counters are tested against: the planner does not recount them.
+// Time per optimizer step is a two-stream schedule, as the engine issues its collectives:
+// - Collectives on the shard group run one at a time in issue order; the replicate group's run
+//   beside them (collectives.h), unless both cross nodes, when they share the NICs and queue.
+// - Forward: the root's all-gather first (nothing to hide it behind), then each block's gather
+//   is issued when the block before it starts computing (prefetch depth 1; without prefetch,
+//   when it is needed). Backward: blocks in reverse, each re-gathered (FULL_SHARD, HYBRID_SHARD)
+//   with the next one's gather issued as it starts; its gradient is reduce-scattered when its
+//   backward ends, then all-reduced across replicas. The root's reduction comes last, after the
+//   embedding's backward: with nothing left to compute it is never hidden.
+// - A collective on n ranks over one link: ring all-gather / reduce-scatter
+//   (n-1) a + (n-1)/n * S / busbw(S), all-reduce twice that (nccl-tests' busbw). A group that
+//   spans nodes runs at the slower of its intra-node link and its share of the NICs.
+// - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
+//   by their parameters; the head and its backward belong to the root.
+// - A CPU machine (ClusterSpec::node_shared) with no spare core: collectives compute on the same
+//   cores, so the step is compute + communication, nothing hidden.
+// Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
+// contention between compute and communication for memory bandwidth.
+#include <algorithm>
+#include <cmath>
+
+#include "fsdp/error.h"
+#include "fsdp/planner.h"
+
+namespace fsdp {
+
+using detail::cat;
+
+namespace {
+
+double ring_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale, double steps) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double nn = double(n);
+  return steps * ((nn - 1) * link.latency_s +
+                  (nn - 1) / nn * double(bytes) / (link.busbw_at(bytes) * scale));
+}
+
+// The links one group's ring crosses, and the share of the node's NICs it gets.
+struct GroupLinks {
+  bool crosses = false;
+  double nic_share = 1;  // nics_per_node x (group ranks per node) / ranks_per_node
+};
+
+GroupLinks group_links(const std::vector<int64_t>& group, const ClusterSpec& c) {
+  GroupLinks g;
+  std::vector<int64_t> per_node;
+  for (int64_t r : group) {
+    const size_t node = static_cast<size_t>(r / c.ranks_per_node);
+    if (per_node.size() <= node) per_node.resize(node + 1, 0);
+    ++per_node[node];
+  }
+  int64_t nodes = 0, most = 0;
+  for (int64_t k : per_node) {
+    nodes += k > 0 ? 1 : 0;
+    most = std::max(most, k);
+  }
+  g.crosses = nodes > 1;
+  g.nic_share = double(c.nics_per_node) * double(most) / double(c.ranks_per_node);
+  return g;
+}
+
+// Time of one collective on a group: the slower of the intra-node ring and the NIC share.
+double group_time(const ClusterSpec& c, const GroupLinks& g, int64_t n, int64_t bytes,
+                  double steps) {
+  const double intra = ring_time(c.intra, n, bytes, 1.0, steps);
+  if (!g.crosses) return intra;
+  return std::max(intra, ring_time(c.inter, n, bytes, g.nic_share, steps));
+}
+
+}  // namespace
+
+double all_gather_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
+  return ring_time(link, n, bytes, scale, 1);
+}
+double reduce_scatter_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
+  return ring_time(link, n, bytes, scale, 1);
+}
+double all_reduce_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
+  return ring_time(link, n, bytes, scale, 2);
+}
+
+PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& cluster,
+                                 const PlanOptions& o, ShardingStrategy strategy,
+                                 int64_t replicate, int64_t shard) {
+  PlanCandidate c;
+  c.strategy = strategy;
+  c.replicate = replicate;
+  c.shard = shard;
+  const int64_t W = cluster.world_size(), rpn = cluster.ranks_per_node;
+  FSDPStrategy s;
+  s.sharding_strategy(strategy).grad_sync(o.grad_sync).forward_prefetch(o.prefetch)
+      .backward_prefetch(o.prefetch);
+  s.mixed_precision({o.param_dtype, o.reduce_dtype});
+  if (is_hybrid(strategy)) s.device_mesh(std::vector<int64_t>{replicate, shard});
+  const ShardingPlan plan = plan_sharding(s, W, rpn);
+  TORCH_INTERNAL_ASSERT(plan.replicate_size() == replicate && plan.shard_size() == shard);
+
+  // Bytes and model state: the topology report's arithmetic (report.h).
+  std::vector<UnitInfo> units = model.unit_counts();
+  for (auto& u : units) u.set_shard_size(shard);
+  ReportOptions ro;
+  ro.grad_accum = o.grad_accum;
+  ro.grad_sync = o.grad_sync;
+  ro.clip = o.clip;
+  ro.optimizer_states = o.optimizer_states;
+  ro.param_dtype = o.param_dtype;
+  ro.reduce_dtype = o.reduce_dtype;
+  ro.prefetch = o.prefetch;
+  const TopologyReport report = make_topology_report(plan, rpn, units, ro);
+  c.comm = report.comm;
+  c.memory.params = report.sharded.params;
+  c.memory.grads = report.sharded.grads;
+  c.memory.optimizer = report.sharded.optimizer;
+  c.memory.gathered_params = report.peak_unsharded_param_bytes;
+
+  const int64_t pb = c10::elementSize(o.param_dtype), rb = c10::elementSize(o.reduce_dtype);
+  int64_t largest = 0;
+  for (size_t i = 1; i < units.size(); ++i) largest = std::max(largest, units[i].padded_numel);
+  if (units.size() == 1) largest = units[0].padded_numel;
+  // The unsharded gradient of the unit being reduced (in the compute dtype, and its reduce-dtype
+  // copy when they differ); with S = 1 in fp32 gradients land in the sharded buffer itself.
+  if (shard > 1 || pb != 4) c.memory.grad_buffers = largest * (pb + (rb != pb ? rb : 0));
+  if (o.grad_sync == GradSync::kLocal && o.grad_accum > 1 && shard > 1) {
+    int64_t all = 0;
+    for (const auto& u : units) all += u.padded_numel;
+    c.memory.grad_buffers += all * 4;  // no_sync keeps every unit's unsharded gradient
+  }
+  c.memory.activations = activation_bytes(model, o.micro_batch, o.recompute, o.param_dtype);
+  c.memory.reserve = cluster.reserve_bytes;
+  c.capacity = cluster.rank_memory();
+  c.fits = c.memory.total() <= c.capacity;
+
+  // Links.
+  const GroupLinks sg = group_links(plan.layout.groups(1).front(), cluster);
+  const GroupLinks rg = group_links(plan.layout.groups(0).front(), cluster);
+  c.shard_crosses_nodes = sg.crosses && shard > 1;
+  c.replicate_crosses_nodes = rg.crosses && replicate > 1;
+  auto wire = [](int64_t payload, int64_t n, double factor) {
+    return n > 1 ? static_cast<int64_t>(double(payload) * factor * double(n - 1) / double(n)) : 0;
+  };
+  const int64_t shard_wire = wire(report.comm.shard_all_gather + report.comm.shard_reduce_scatter, shard, 1) +
+                             wire(report.comm.shard_all_reduce, shard, 2);
+  const int64_t rep_wire = wire(report.comm.replicate_all_reduce, replicate, 2);
+  (c.shard_crosses_nodes ? c.inter_bytes : c.intra_bytes) += shard_wire;
+  (c.replicate_crosses_nodes ? c.inter_bytes : c.intra_bytes) += rep_wire;
+
+  // Compute per unit and micro-step.
+  const double tokens = double(o.micro_batch * model.seq_len);
+  const double rate = cluster.rank_flops();
+  const double head = 6.0 * double(model.vocab) * double(model.hidden) * tokens;
+  const double plain_blocks = std::max(0.0, model.flops_per_token(Recompute::kNone) * tokens - head);
+  const double recomputed =
+      (model.flops_per_token(o.recompute) - model.flops_per_token(Recompute::kNone)) * tokens;
+  int64_t block_params = 0;
+  for (size_t i = 1; i < units.size(); ++i) block_params += units[i].total_numel();
+  const size_t n = units.size();
+  std::vector<double> fwd(n, 0), bwd(n, 0), ag(n, 0), rs(n, 0), ar(n, 0);
+  fwd[0] = head / 3 / rate;
+  bwd[0] = 2 * head / 3 / rate;
+  const bool regather = plan.reshard_after_forward;
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0 && block_params > 0) {
+      const double share = double(units[i].total_numel()) / double(block_params);
+      fwd[i] = plain_blocks * share / 3 / rate;
+      bwd[i] = (2 * plain_blocks / 3 + recomputed) * share / rate;
+    }
+    const int64_t gathered = (units[i].padded_numel + units[i].frozen_padded_numel) * pb;
+    ag[i] = group_time(cluster, sg, shard, gathered, 1);
+    rs[i] = group_time(cluster, sg, shard, units[i].padded_numel * rb, 1);
+    ar[i] = group_time(cluster, rg, replicate, units[i].shard_numel * rb, 2);
+  }
+
+  // The two-stream schedule (NOTE above).
+  const bool shared_nics = c.shard_crosses_nodes && c.replicate_crosses_nodes;
+  double cpu = 0, shard_free = 0, rep_free = 0, comm = 0, compute = 0;
+  std::vector<double> ready(n, 0);
+  auto gather = [&](size_t i, double at) {
+    if (shard <= 1) {
+      ready[i] = at;
+      return;
+    }
+    const double start = std::max(at, shard_free);
+    shard_free = start + ag[i];
+    ready[i] = shard_free;
+    comm += ag[i];
+  };
+  auto reduce = [&](size_t i, double at, bool rs_on, bool ar_on) {
+    double done = at;
+    if (shard > 1 && rs_on) {
+      const double start = std::max(at, shard_free);
+      shard_free = start + rs[i];
+      done = shard_free;
+      comm += rs[i];
+    }
+    if (replicate > 1 && ar_on) {
+      double& stream = shared_nics ? shard_free : rep_free;
+      const double start = std::max(done, stream);
+      stream = start + ar[i];
+      comm += ar[i];
+    }
+  };
+  for (int64_t k = 0; k < o.grad_accum; ++k) {
+    const bool last = k + 1 == o.grad_accum;
+    const bool rs_on = o.grad_sync != GradSync::kLocal || last;
+    const bool ar_on = o.grad_sync == GradSync::kEveryMicroStep || last;
+    // Forward: the root (embedding), the blocks, the root's head.
+    gather(0, cpu);
+    if (o.prefetch && n > 1) gather(1, cpu);
+    for (size_t i = 1; i < n; ++i) {
+      if (!o.prefetch) gather(i, std::max(cpu, ready[i - 1]));
+      const double start = std::max(cpu, ready[i]);
+      if (o.prefetch && i + 1 < n) gather(i + 1, start);
+      cpu = start + fwd[i];
+    }
+    cpu = std::max(cpu, ready[0]) + fwd[0];
+    // Backward: the head (the root stays gathered), the blocks in reverse, the root's reduction.
+    if (regather && o.prefetch && n > 1) gather(n - 1, cpu);
+    cpu += bwd[0];
+    for (size_t i = n - 1; i >= 1; --i) {
+      double start = cpu;
+      if (regather) {
+        if (!o.prefetch) gather(i, cpu);
+        start = std::max(cpu, ready[i]);
+        if (o.prefetch && i > 1) gather(i - 1, start);
+      }
+      cpu = start + bwd[i];
+      reduce(i, cpu, rs_on, ar_on);
+    }
+    reduce(0, cpu, rs_on, ar_on);
+    for (size_t i = 0; i < n; ++i) compute += fwd[i] + bwd[i];
+  }
+  c.time.compute = compute;
+  c.time.communication = comm;
+  c.time.step = std::max({cpu, shard_free, rep_free});
+  // On a CPU machine with no core to spare, the collectives (Gloo's copies and sums) run on the
+  // cores that compute: nothing overlaps.
+  if (cluster.node_shared && cluster.cores <= cluster.ranks_per_node) {
+    c.time.step = compute + comm;
+  }
+  c.time.exposed = std::max(0.0, c.time.step - compute);
+  c.tokens_per_s = c.time.step > 0 ? tokens * double(o.grad_accum) / c.time.step : 0;
+  return c;
+}
+
+}  // namespace fsdp

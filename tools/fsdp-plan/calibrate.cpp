@@ -1,0 +1,170 @@
+// fsdp-plan --calibrate (see calibrate.h).
+#include "calibrate.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "fsdp/error.h"
+#include "fsdp/planner.h"
+
+namespace fsdp_plan {
+
+using fsdp::detail::cat;
+
+void add_calibrate_flags(CLI::App& app, CalibrateOptions& o, bool& enabled) {
+  const char* g = "Calibration";
+  app.add_flag("--calibrate", enabled,
+               "measure this machine (collectives by message size, compute rate) and write its "
+               "cluster file; fsdp-train --plan and --cluster FILE use it")
+      ->group(g);
+  app.add_option("--devices", o.devices, "with --calibrate: ranks that time the collectives")
+      ->group(g);
+  app.add_option("--sizes", o.sizes, "with --calibrate: buffer sizes in MiB, e.g. 1,4,16,64")
+      ->group(g);
+  app.add_option("--calibrate-steps", o.steps, "with --calibrate: fsdp-train steps timed")
+      ->group(g);
+  app.add_option("--output", o.output,
+                 "with --calibrate: the cluster file to write; default $FSDP_CLUSTER_FILE or "
+                 "~/.config/fsdp/this-machine.json")
+      ->group(g);
+}
+
+namespace {
+
+// Runs `command` (a shell command line of our own making), returns its stdout; throws on failure.
+std::string run(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  FSDP_CHECK(p, "cannot run '", command, "'");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  FSDP_CHECK(status == 0, "'", command, "' failed (status ", status, "): ", out.substr(0, 300));
+  return out;
+}
+
+std::string sibling(const std::string& self, const std::string& name) {
+  const auto slash = self.rfind('/');
+  const std::string path = (slash == std::string::npos ? "." : self.substr(0, slash)) + "/" + name;
+  FSDP_CHECK(::access(path.c_str(), X_OK) == 0, "--calibrate needs ", path,
+             "; build it (cmake --build build --target ", name, ")");
+  return path;
+}
+
+void make_parents(const std::string& path) {
+  for (size_t i = 1; i < path.size(); ++i) {
+    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
+  }
+}
+
+}  // namespace
+
+int calibrate(const CalibrateOptions& o, const std::string& self) {
+  FSDP_CHECK(o.devices >= 2, "--devices ", o.devices, " is too few to time collectives; use 2 or more");
+  FSDP_CHECK(o.steps >= 2, "--calibrate-steps ", o.steps, " is too few; use 2 or more");
+  const std::string output = o.output.empty() ? fsdp::calibrated_cluster_path() : o.output;
+  const std::string threads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
+
+  // Collectives: rows "all_gather/ring  MiB  ms  busbw" and "reduce_scatter/ring ...".
+  const std::string bench = run(threads + sibling(self, "bench_collectives") + " --devices " +
+                                std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 5");
+  std::map<int64_t, std::vector<double>> busbw;  // bytes -> GB/s samples
+  std::istringstream in(bench);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string name;
+    double mib = 0, ms = 0, gbs = 0;
+    if (!(f >> name >> mib >> ms >> gbs)) continue;
+    if (name == "all_gather/ring" || name == "reduce_scatter/ring") {
+      busbw[static_cast<int64_t>(mib * 1024 * 1024)].push_back(gbs);
+    }
+  }
+  FSDP_CHECK(!busbw.empty(), "bench_collectives printed no ring rows: ", bench.substr(0, 300));
+
+  // Compute: a one-process run of the small GPT, one thread.
+  char tmpl[] = "/tmp/fsdp-calibrate-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  FSDP_CHECK(fd >= 0, "cannot create a temporary file in /tmp");
+  ::close(fd);
+  const int64_t batch = 8, seq = 128;
+  run(threads + sibling(self, "fsdp-train") + " --model small --threads 1 --quiet --steps " +
+      std::to_string(o.steps) + " --global-batch " + std::to_string(batch) + " --seq-len " +
+      std::to_string(seq) + " --warmup-steps 1 --metrics " + tmpl + " > /dev/null");
+  std::vector<double> times;
+  std::ifstream metrics(tmpl);
+  while (std::getline(metrics, line)) {
+    times.push_back(nlohmann::json::parse(line)["step_time_s"].get<double>());
+  }
+  ::unlink(tmpl);
+  FSDP_CHECK(!times.empty(), "fsdp-train wrote no metrics");
+  std::vector<double> tail(times.begin() + long(times.size() / 2), times.end());
+  std::sort(tail.begin(), tail.end());
+  const double step = tail[tail.size() / 2];
+  fsdp::ModelSpec small = fsdp::model_preset("small");
+  small.seq_len = seq;
+  const double flops = small.flops_per_token(fsdp::Recompute::kNone) * double(batch * seq) / step;
+
+  fsdp::ClusterSpec c = fsdp::cluster_preset("this-machine");
+  c.description = "this machine, measured by fsdp-plan --calibrate";
+  c.cores = std::max<int64_t>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
+  c.memory_bytes = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  c.peak_flops = flops;
+  c.flops_fraction = 1.0;
+  // Time per size t = (n-1)/n S / busbw. The latency per ring step comes from the two smallest
+  // sizes (t = (n-1) a + (n-1)/n S / B with one B between them); each band then keeps the
+  // bandwidth that the rest of its time implies, so small messages pay the latency and large
+  // ones the measured rate.
+  const double n = double(o.devices), f = (n - 1) / n;
+  std::vector<std::pair<double, double>> points;  // bytes, seconds
+  for (const auto& [bytes, samples] : busbw) {
+    double sum = 0;
+    for (double s : samples) sum += s;
+    points.push_back({double(bytes), f * double(bytes) / (sum / double(samples.size()) * 1e9)});
+  }
+  double latency = 0;
+  if (points.size() >= 2 && points[1].second > points[0].second) {
+    const double b = f * (points[1].first - points[0].first) / (points[1].second - points[0].second);
+    latency = std::max(0.0, (points[0].second - f * points[0].first / b) / (n - 1));
+  }
+  c.intra.latency_s = latency;
+  c.intra.bands.clear();
+  for (const auto& [bytes, t] : points) {
+    const double rest = std::max(t - (n - 1) * latency, 0.1 * t);
+    c.intra.bands.push_back({static_cast<int64_t>(bytes), f * bytes / rest});
+  }
+  c.inter = c.intra;
+  c.ranks_per_node = o.devices;
+  c.sources = {
+      {"peak_tflops", cat("measured: fsdp-train --model small, 1 process, 1 thread, ", batch, " x ",
+                          seq, " tokens, median step ", step, " s (achieved rate, so fraction 1)")},
+      {"intra", cat("measured: bench_collectives --devices ", o.devices, " --sizes ", o.sizes,
+                    ", ring all-gather and reduce-scatter; latency per ring step fitted on the "
+                    "two smallest sizes, bands the bandwidth of the rest of each time")},
+      {"memory_gib", "sysconf: physical memory, shared by the ranks"},
+      {"cores", "sysconf: online CPUs"},
+      {"reserve_gib", "the this-machine preset's assumption"}};
+  c.validate();
+  make_parents(output);
+  {
+    std::ofstream out(output);
+    out << fsdp::cluster_to_json(c) << "\n";
+    FSDP_CHECK(out, "cannot write the cluster file ", output);
+  }
+  std::cout << fsdp::cluster_to_json(c) << "\nfsdp-plan --calibrate: wrote " << output << "\n";
+  return 0;
+}
+
+}  // namespace fsdp_plan
