@@ -408,11 +408,18 @@ def main():
                f"{fmt_b(beyond['cap_bytes'])}: a GPT of {beyond['layers']} blocks of width "
                f"{beyond['d_model']}, {fmt_count(beyond['params'])} parameters, whose fp32 weights "
                f"alone are {fmt_b(beyond['weights_bytes'])} = "
-               f"{beyond['weights_bytes'] / beyond['cap_bytes']:.2f}x the cap. It trains "
-               f"{beyond['steps']} steps, writes a sharded checkpoint and a full .safetensors "
-               "export, with deferred construction (`--init deferred`, each block keeps only its "
-               "shard as it is built); the same run with `--init eager` must build the whole "
-               "model on every rank first.", "",
+               f"{beyond['weights_bytes'] / beyond['cap_bytes']:.2f}x the cap. Asked: "
+               f"{beyond['steps']} steps, a sharded checkpoint and a full .safetensors export, "
+               "with deferred construction (`--init deferred`, each block keeps only its shard "
+               "as it is built) and with `--init eager`, which must build the whole model on "
+               "every rank first.", "",
+               "Result: " + ("deferred trained, checkpointed and exported; eager "
+                             + ("died." if not beyond["rows"][1]["ok"] else "trained too.")
+                             if beyond["rows"][0]["ok"] else
+                             "**not met**: the deferred run died under the cap too (exit codes "
+                             "below; -9 is the cgroup's OOM kill, 1 a peer's error after it). "
+                             "What it measured without a cap, and why it does not fit yet: "
+                             "bench/BENCHMARKS.notes.md."), "",
                "| --init | result | exit codes | checkpoint | export | wall |", "|---|---|---|---|---|---|"]
         for r in beyond["rows"]:
             md.append(f"| {r['init']} | {'trained' if r['ok'] else 'died'} | {r['exit_codes']} | "
