@@ -35,6 +35,15 @@ inline bool matches_any(const std::vector<std::string>& patterns, const std::str
   return false;
 }
 
+// --freeze inside a block's constructor: its parameters whose full name ("<name>.<param>")
+// matches a glob get requires_grad false (NOTE [deferred init]: a built unit is not touched).
+inline void freeze_own(torch::nn::Module& block, const std::string& name,
+                       const std::vector<std::string>& freeze) {
+  for (auto& p : block.named_parameters()) {
+    if (matches_any(freeze, name + "." + p.key())) p.value().requires_grad_(false);
+  }
+}
+
 // GPT-2's initialisation of `module`'s own parameters (those under `skip` are left alone):
 // N(0, 0.02) weights, zero biases, LayerNorm at weight 1 and bias 0, and the projections that add
 // into the residual stream (out, proj) scaled by 1/sqrt(2 * layers) so its variance stays put.
@@ -75,9 +84,7 @@ struct BlockImpl : torch::nn::Module {
     fc = register_module("fc", torch::nn::Linear(d, 4 * d));
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
     init_gpt2_style(*this, c.n_layers);
-    for (auto& p : named_parameters()) {
-      if (matches_any(freeze, name + "." + p.key())) p.value().requires_grad_(false);
-    }
+    freeze_own(*this, name, freeze);
   }
 
   torch::Tensor forward(torch::Tensor x) {

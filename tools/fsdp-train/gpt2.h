@@ -45,9 +45,7 @@ struct GPT2BlockImpl : torch::nn::Module {
       (*l)->weight.normal_(0.0, residual ? residual_std : 0.02);
       (*l)->bias.zero_();
     }
-    for (auto& p : named_parameters()) {
-      if (matches_any(freeze, name + "." + p.key())) p.value().requires_grad_(false);
-    }
+    freeze_own(*this, name, freeze);
   }
 
   torch::Tensor forward(torch::Tensor x) {
