@@ -661,7 +661,7 @@ void Engine::pre_backward(UnitState& u) {
   }
   if (u.pre_backward_done) return;
   u.pre_backward_done = true;
-  release_finished_inputs();
+  settle_finished_reduces();
   unshard(u);
   if (strategy_.backward_prefetch()) {
     UnitState* next = unit_before_in_forward(u);
@@ -706,7 +706,7 @@ void Engine::post_backward(UnitState& u) {
   reshard(u);
   release_frozen(u);
   if (u.trainable && u.flat_grad.defined()) reduce_grad(u);
-  release_finished_inputs();
+  settle_finished_reduces();
 }
 
 void Engine::reduce_grad(UnitState& u) {
@@ -745,12 +745,24 @@ void Engine::reduce_grad(UnitState& u) {
   u.pending = std::move(p);
 }
 
-void Engine::release_finished_inputs() {
+void Engine::settle_finished_reduces() {
+  // A finished reduce is settled now, not at finalize_backward: its output is folded into the
+  // shard's .grad and freed, so a backward holds the reduce outputs in flight, not one per unit
+  // (with .grad kept between steps, as libtorch 1.13's zero_grad() does, that was a second copy
+  // of every gradient shard at the end of backward: measured with heaptrack, issue 20). Order
+  // does not matter: each unit's gradient is its own.
   for (auto& u : units_) {
-    if (!u->pending || !u->pending->input.defined()) continue;
-    if (u->pending->rs && !u->pending->rs->completed()) continue;
-    u->pending->input = at::Tensor();
-    tracker_.sub(u->pending->input_bytes);
+    if (!u->pending) continue;
+    PendingReduce& p = *u->pending;
+    if (p.rs && !p.rs->completed()) continue;
+    if (p.ar && !p.ar->completed()) {
+      if (p.input.defined()) {
+        p.input = at::Tensor();
+        tracker_.sub(p.input_bytes);
+      }
+      continue;
+    }
+    complete_reduce(*u);
   }
 }
 

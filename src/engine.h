@@ -181,7 +181,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void post_backward(UnitState& u);
   void reduce_grad(UnitState& u);
   void complete_reduce(UnitState& u);
-  void release_finished_inputs();
+  void settle_finished_reduces();
   UnitState* unit_after_in_forward(int64_t position) const;
   UnitState* unit_before_in_forward(const UnitState& u) const;
   void alloc_storage(at::Tensor& t);

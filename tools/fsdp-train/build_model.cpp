@@ -67,7 +67,8 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
   if (!o.init_from.empty()) {
     const auto t = std::chrono::steady_clock::now();
     if (init_from_llmc_file(o.init_from)) {
-      init_from_llmc(model, p.preset, o.init_from);  // every rank reads the whole file
+      // Every rank maps the file and copies only the byte ranges its shards hold.
+      init_from_llmc(model, p.preset, o.init_from);
     } else if (is_directory(o.init_from)) {
       fsdp::CheckpointOptions weights_only;
       weights_only.rng = false;  // a new run: its own seed draws, not the old run's

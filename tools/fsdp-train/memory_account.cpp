@@ -5,12 +5,13 @@
 
 namespace fsdp_train {
 
-void MemoryAccount::sample(int64_t step, const fsdp::MemoryStats& engine) {
+void MemoryAccount::sample(int64_t step, const char* when, const fsdp::MemoryStats& engine) {
   const fsdp::ProcessMemory now = fsdp::process_memory();
   if (step_ >= 0 && now.rss_anon <= at_.rss_anon) return;
   at_ = now;
   engine_ = engine;
   step_ = step;
+  when_ = when;
 }
 
 std::vector<MemoryAccount::Part> MemoryAccount::parts() const {

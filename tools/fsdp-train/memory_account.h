@@ -1,5 +1,6 @@
-// fsdp-train's account of a rank's memory: the process's anonymous resident memory at the end of
-// a forward (when activations are at their largest), split into parts that are each measured on
+// fsdp-train's account of a rank's memory: the process's anonymous resident memory at the largest
+// of the moments sampled (the end of a forward, when activations are at their largest, and the
+// end of a backward, when every gradient shard exists), split into parts that are each measured on
 // their own, so that their sum can be checked against the kernel's number (README "Where a
 // rank's memory goes").
 #pragma once
@@ -17,8 +18,9 @@ class MemoryAccount {
  public:
   // Call before the model exists: the process's base (libtorch, Gloo, threads, the data).
   void set_base() { base_ = fsdp::process_memory(); }
-  // Call at the end of a forward with the engine's numbers; keeps the sample of largest RssAnon.
-  void sample(int64_t step, const fsdp::MemoryStats& engine);
+  // Call at a moment of the step (`when`: "forward", "backward") with the engine's numbers;
+  // keeps the sample of largest RssAnon.
+  void sample(int64_t step, const char* when, const fsdp::MemoryStats& engine);
   bool empty() const { return step_ < 0; }
 
   struct Part {
@@ -32,11 +34,13 @@ class MemoryAccount {
   int64_t sum() const;
   int64_t measured() const { return at_.rss_anon; }
   int64_t step() const { return step_; }
+  const char* when() const { return when_; }
 
  private:
   fsdp::ProcessMemory base_, at_;
   fsdp::MemoryStats engine_;
   int64_t step_ = -1;
+  const char* when_ = "";
 };
 
 }  // namespace fsdp_train

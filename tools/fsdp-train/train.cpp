@@ -330,8 +330,9 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
                              " (unsharded parameters and gradients held at once)"));
   row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
   if (!account.empty()) {
-    std::printf("  where rank 0's memory goes (anonymous RSS at the end of step %lld's forward)\n",
-                static_cast<long long>(account.step()));
+    std::printf("  where rank 0's memory goes (anonymous RSS at its largest sampled: the end of "
+                "step %lld's %s)\n",
+                static_cast<long long>(account.step()), account.when());
     for (const auto& part : account.parts()) {
       row("  " + part.name, cat(fsdp::format_bytes(double(part.bytes)), " (", part.what, ")"));
     }
@@ -406,7 +407,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
   std::string sample;
   fsdp::TopologyReport report;
   Construction construction;
-  MemoryAccount account;  // rank 0's memory at the end of its largest forward
+  MemoryAccount account;  // rank 0's memory at its largest end of forward or backward
   int64_t n_params = 0, n_trainable = 0;
   const auto start = Clock::now();
   bool lead = false;
@@ -596,7 +597,11 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       for (auto& group : optimizer.param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
       }
-      optimizer.zero_grad();
+      // Gradients freed, not zeroed (libtorch 1.13's zero_grad() zeroes them and keeps them):
+      // the forward then runs without a gradient copy of the model in memory, as on 2.x.
+      for (auto& group : optimizer.param_groups()) {
+        for (auto& param : group.params()) param.mutable_grad().reset();
+      }
       double loss_sum = 0;
       for (int64_t k = 0; k < K; ++k) {
         auto tokens = batch_tokens(data, offsets, rank * p.per_rank_batch + k * p.micro_batch,
@@ -609,10 +614,11 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
         auto loss = torch::nn::functional::cross_entropy(
             logits.to(torch::kFloat).reshape({-1, logits.size(-1)}),
             tokens.narrow(1, 1, T).reshape({-1}));
-        if (k + 1 == K) account.sample(step + 1, model.memory_stats(&optimizer));
+        if (k + 1 == K) account.sample(step + 1, "forward", model.memory_stats(&optimizer));
         (loss / double(K)).backward();
         loss_sum += loss.item<double>();
       }
+      account.sample(step + 1, "backward", model.memory_stats(&optimizer));
       if (o.clip_grad > 0) model.clip_grad_norm(o.clip_grad);
       optimizer.step();
       const double step_time = seconds_since(t0);
@@ -668,6 +674,11 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
                              {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
                              {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
+          if (step == first_step) {  // once per run: building and sharding the model
+            j["construction"] = {{"init", construction.deferred ? "deferred" : "eager"},
+                                 {"seconds", construction.seconds},
+                                 {"peak_rss_bytes", construction.peak_rss}};
+          }
           metrics << j.dump() << "\n";
           metrics.flush();  // a crash mid-run leaves every finished step readable
           FSDP_CHECK(metrics, "writing --metrics '", o.metrics, "' failed: ", std::strerror(errno));
