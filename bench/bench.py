@@ -14,6 +14,7 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
   scaling  step time and peak RSS against model size per strategy (W = 4), and against W.
   planner  fsdp-plan --calibrate, then fsdp-plan's predicted step time, sharded state and bytes
            against measured fsdp-train runs: every strategy, W = 2, 4, 8, two model sizes.
+  construction  building and sharding a GPT with --init deferred against --init eager, W = 1, 2, 4.
   memory   under a per-rank memory cap (a memory cgroup per rank: the kernel kills a rank that
            exceeds it), the largest GPT each strategy trains at W = 4 (--layers varied).
 
@@ -420,7 +421,7 @@ def memory_headline(r, results, quick):
                     break
             else:
                 hi = layers
-        while hi is not None and hi - lo > max(1, lo // 8) and not quick:
+        while hi is not None and hi - lo > 1 and not quick:
             mid = (lo + hi) // 2
             ok, codes = fits(r, cap, s, mid, d_model, heads, world, steps)
             probes.append({"layers": mid, "ok": ok, "exit_codes": codes})
@@ -483,6 +484,32 @@ def beyond_one_rank(r, results, quick):
                          "steps": steps, "rows": rows}
 
 
+def construction_cost(r, results, quick):
+    """Building and sharding the model, --init deferred against --init eager (issue 20: within
+    10%): fsdp-train's own construction timer (the first --metrics record), the two alternated
+    round by round so that load drifts hit both alike."""
+    worlds, layers, rounds = ([2], 2, 1) if quick else ([1, 2, 4], 16, 5)
+    rows = []
+    for world in worlds:
+        runs = {"deferred": [], "eager": []}
+        for _ in range(rounds):
+            for init in ("deferred", "eager"):
+                m = r.fsdp("medium", 1, world, 32, world, "full_shard",
+                           extra=["--layers", str(layers), "--d-model", "512", "--heads", "8",
+                                  "--init", init])
+                c = m["steps"][0]["construction"]
+                runs[init].append({"seconds": c["seconds"], "peak_rss_bytes": c["peak_rss_bytes"]})
+        d = median([x["seconds"] for x in runs["deferred"]])
+        e = median([x["seconds"] for x in runs["eager"]])
+        rows.append({"world": world, "layers": layers, "params": m["params"], "rounds": rounds,
+                     "deferred_s": d, "eager_s": e, "ratio": d / e if e else float("nan"),
+                     "deferred_peak_rss": median([x["peak_rss_bytes"] for x in runs["deferred"]]),
+                     "eager_peak_rss": median([x["peak_rss_bytes"] for x in runs["eager"]]),
+                     "runs": runs, "command": m["command"]})
+        log(f"construction: W = {world}: deferred {d:.2f} s, eager {e:.2f} s ({d / e:.2f}x)")
+    results["construction"] = {"rows": rows, "load_after": os.getloadavg()[0]}
+
+
 # ---------------------------------------------------------------------------------------------
 
 def main():
@@ -490,7 +517,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
-    ap.add_argument("--sections", default="peers,peers26,scaling,memory,beyond,planner")
+    ap.add_argument("--sections",
+                    default="peers,peers26,scaling,memory,beyond,construction,planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -516,7 +544,7 @@ def main():
         r = Runner(build, work, args.quick)
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
                          ("memory", memory_headline), ("beyond", beyond_one_rank),
-                         ("planner", planner)):
+                         ("construction", construction_cost), ("planner", planner)):
             if name in sections:
                 fn(r, results, args.quick)
                 save()

@@ -426,6 +426,22 @@ def main():
                       f"{'written' if r['checkpointed'] else '-'} | "
                       f"{'written' if r['exported'] else '-'} | {r['wall_s']:.0f} s |")
         md += [""]
+    cons = res.get("construction")
+    if cons:
+        md += ["## Construction: deferred against eager", "",
+               "Building and sharding the model (fsdp-train's own timer, the first `--metrics` "
+               "record), FULL_SHARD: `--init deferred` (each block keeps its shard as it is built: "
+               "the work added is slicing and one checksum) against `--init eager` (the whole "
+               "model, then fsdp::shard). Medians over the rounds, the two alternated. The goal: "
+               "deferred within 10% of eager.", "",
+               "| W | model | deferred | eager | deferred / eager | peak RSS deferred | "
+               "peak RSS eager |", "|---|---|---|---|---|---|---|"]
+        for r in cons["rows"]:
+            md.append(f"| {r['world']} | {r['layers']} blocks, {fmt_count(r['params'])} | "
+                      f"{r['deferred_s']:.2f} s | {r['eager_s']:.2f} s | {r['ratio']:.2f}x | "
+                      f"{fmt_b(r['deferred_peak_rss'])} | {fmt_b(r['eager_peak_rss'])} |")
+        md += ["", f"Rerun: `bench/bench.py --sections construction --merge` "
+               f"(one run: `{cons['rows'][-1]['command']}`).", ""]
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",
