@@ -1,6 +1,10 @@
 // Launcher environment detection (see fsdp/cluster.h).
 #include "fsdp/cluster.h"
 
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -316,6 +320,74 @@ int slurm_port_for_step(const std::string& job_id, int64_t step_id) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   z ^= z >> 31;
   return 15000 + static_cast<int>((z % 10000 + static_cast<uint64_t>(step_id) % 10000) % 10000);
+}
+
+int64_t available_cores() {
+  int64_t cores = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    cores = std::max(1, CPU_COUNT(&set));
+  } else {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    cores = n > 0 ? n : 1;
+  }
+  // SLURM without CPU binding (task/none) leaves the affinity mask whole: its allocation counts.
+  if (const char* slurm = std::getenv("SLURM_CPUS_PER_TASK")) {
+    char* end = nullptr;
+    long long n = std::strtoll(slurm, &end, 10);
+    if (end && *end == '\0' && n >= 1 && n < cores) cores = n;
+  }
+  return cores;
+}
+
+int64_t default_threads_per_rank(int64_t local_ranks) {
+  return std::max<int64_t>(1, available_cores() / std::max<int64_t>(1, local_ranks));
+}
+
+void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env) {
+  if (env.kind == ClusterKind::kSingle) return;
+  const char* who = to_string(env.kind);
+  FSDP_CHECK(!given.max_restarts || *given.max_restarts == 0 ||
+                 env.kind == ClusterKind::kFsdpLauncher,
+             "--max-restarts ", given.max_restarts.value_or(0), " restarts ranks that fsdp's own "
+             "launcher (--devices) started, but ", who, " started this one; use the launcher's "
+             "own restarts (torchrun --max-restarts) or drop the flag");
+  FSDP_CHECK(!given.devices || *given.devices == env.local_world_size, "--devices ",
+             given.devices.value_or(0), " contradicts the ", who, " environment, which started ",
+             env.local_world_size, " ranks on this node; drop --devices or make them equal");
+  FSDP_CHECK(!given.num_nodes || *given.num_nodes == env.num_nodes, "--num-nodes ",
+             given.num_nodes.value_or(0), " contradicts the ", who, " environment (", env.num_nodes,
+             " nodes); drop --num-nodes or make them equal");
+  FSDP_CHECK(!given.node_rank || *given.node_rank == env.node_rank, "--node-rank ",
+             given.node_rank.value_or(0), " contradicts the ", who, " environment (node ",
+             env.node_rank, "); drop --node-rank or make them equal");
+  FSDP_CHECK(!given.master_addr || !env.master_addr_given || *given.master_addr == env.master_addr,
+             "--master-addr ",
+             given.master_addr.value_or(""), " contradicts the ", who,
+             " environment (MASTER_ADDR ", env.master_addr, "); drop one of them");
+  // --master-port 0 means "pick one", which the launcher did: not a contradiction.
+  FSDP_CHECK(!given.master_port || *given.master_port == 0 || !env.master_port_given ||
+                 *given.master_port == env.master_port,
+             "--master-port ",
+             given.master_port.value_or(0), " contradicts the ", who, " environment (port ",
+             env.master_port, "); drop one of them");
+}
+
+ClusterEnv apply_master_flags(const GivenLaunchOptions& given, const ClusterEnv& env) {
+  ClusterEnv result = env;
+  if (env.kind == ClusterKind::kSingle) return result;
+  if (given.master_addr && !env.master_addr_given) {
+    result.master_addr = *given.master_addr;
+    result.master_addr_given = true;
+    ::setenv("MASTER_ADDR", given.master_addr->c_str(), 1);
+  }
+  if (given.master_port && *given.master_port != 0 && !env.master_port_given) {
+    result.master_port = *given.master_port;
+    result.master_port_given = true;
+    ::setenv("MASTER_PORT", std::to_string(*given.master_port).c_str(), 1);
+  }
+  return result;
 }
 
 }  // namespace fsdp

@@ -24,7 +24,7 @@
 #include "c10d_group.h"
 #include "compat.h"
 #include "fsdp/error.h"
-#include "fsdp/launcher.h"
+#include "fsdp/cluster.h"
 #include "runtime_internal.h"
 
 #if defined(FSDP_WITH_CUDA)

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,7 @@ struct ClusterEnv {
   int master_port = 0;                    // its port; 0 only when world_size == 1
   // False when fsdp derived the address or port itself (SLURM: first host of the step, a port
   // from the job and step ids) rather than reading MASTER_ADDR / MASTER_PORT: command-line flags
-  // may then override them (apply_master_flags in launcher.h) without contradicting anything.
+  // may then override them (apply_master_flags, below) without contradicting anything.
   bool master_addr_given = false;
   bool master_port_given = false;
   // torchrun (PyTorch 2.x) hosts the TCPStore in its agent on MASTER_ADDR:MASTER_PORT and says so
@@ -76,5 +77,30 @@ std::vector<int64_t> parse_slurm_tasks_per_node(const std::string& text);
 // step id) % 10000. Concurrent steps of one allocation (srun --exact ... &) get different ports,
 // and so do jobs whose ids differ by 10000 (Lightning's 15000 + id % 10000 gave them the same).
 int slurm_port_for_step(const std::string& job_id, int64_t step_id);
+
+// Checks that command-line launch options agree with the launcher that started this process
+// (e.g. --devices 2 under torchrun with LOCAL_WORLD_SIZE=4). `given` holds only the options the
+// user set explicitly.
+struct GivenLaunchOptions {
+  std::optional<int64_t> devices, num_nodes, node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  std::optional<int64_t> max_restarts;  // fsdp's own launcher only: an error under the others
+};
+// A master address or port that the launcher's environment did not set (fsdp derived it, e.g.
+// from SLURM's node list and job id) is no contradiction: the flag wins.
+void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env);
+
+// Makes --master-addr / --master-port take effect where check_matches_environment let them
+// override derived values: exports them as MASTER_ADDR / MASTER_PORT into this process's
+// environment (so Runtime::init() sees them) and returns `env` with them applied.
+ClusterEnv apply_master_flags(const GivenLaunchOptions& given, const ClusterEnv& env);
+
+// Number of CPU cores this process may use (sched_getaffinity, capped by SLURM_CPUS_PER_TASK);
+// at least 1.
+int64_t available_cores();
+
+// Threads each of `local_ranks` ranks should use on this machine: max(1, cores / local_ranks).
+int64_t default_threads_per_rank(int64_t local_ranks);
 
 }  // namespace fsdp

@@ -4,7 +4,7 @@
 // (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 // FSDP_LAUNCHER=1, and OMP_NUM_THREADS / OPENBLAS_NUM_THREADS unless the user set them) and waits.
 // When a rank exits non-zero or dies, it stops the others (SIGTERM, then SIGKILL after a grace
-// period) and reports the rank that failed first in one line (see NOTE [culprit] in launcher.cpp:
+// period) and reports the rank that failed first in one line (see NOTE [culprit] in supervisor.cpp:
 // a frozen (stopped) rank, then one killed by a signal, then one that aborted, then one that
 // exited non-zero). With max_restarts > 0 it then starts every rank again, up to that many times,
 // exporting TORCHELASTIC_RESTART_COUNT like torchrun. SIGINT/SIGTERM to the supervisor stop every
@@ -12,7 +12,7 @@
 // SIGUSR2 to the supervisor are relayed to every rank (SLURM's --signal=B:USR1@T). Ranks get PR_SET_PDEATHSIG, so even a SIGKILLed supervisor leaves no orphans. Each rank's
 // stderr passes through the supervisor (a pseudo-terminal when the supervisor's stderr is one), so
 // that a line every rank writes, such as an error they all found, is shown once, naming the ranks
-// (NOTE [rank output] in launcher.cpp).
+// (NOTE [rank output] in rank_output.h).
 // No libtorch here: the supervisor never initialises it.
 #pragma once
 
@@ -45,7 +45,7 @@ struct LaunchOptions {
   // `grace`: ranks that save on SIGTERM get this long. A rank's failure still gives `grace`.
   std::chrono::milliseconds signal_grace{0};
   // How long a line one rank wrote to stderr waits for the same line from the other ranks of this
-  // node, so that it is shown once ("... [ranks 0-3]"; NOTE [rank output] in launcher.cpp). Lines
+  // node, so that it is shown once ("... [ranks 0-3]"; NOTE [rank output] in rank_output.h). Lines
   // of different ranks leave in the order they arrived either way. 0 forwards every line at once.
   std::chrono::milliseconds output_hold{1000};
   // When a rank fails, stop every rank and start them all again, up to this many times
@@ -75,30 +75,5 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
 // as a rank. Otherwise re-executes this program (/proc/self/exe, same arguments) as every local
 // rank, supervises them and returns the exit code the caller should exit with.
 std::optional<int> launch_self(int argc, char** argv, const LaunchOptions& opts);
-
-// Checks that command-line launch options agree with the launcher that started this process
-// (e.g. --devices 2 under torchrun with LOCAL_WORLD_SIZE=4). `given` holds only the options the
-// user set explicitly.
-struct GivenLaunchOptions {
-  std::optional<int64_t> devices, num_nodes, node_rank;
-  std::optional<std::string> master_addr;
-  std::optional<int> master_port;
-  std::optional<int64_t> max_restarts;  // fsdp's own launcher only: an error under the others
-};
-// A master address or port that the launcher's environment did not set (fsdp derived it, e.g.
-// from SLURM's node list and job id) is no contradiction: the flag wins.
-void check_matches_environment(const GivenLaunchOptions& given, const ClusterEnv& env);
-
-// Makes --master-addr / --master-port take effect where check_matches_environment let them
-// override derived values: exports them as MASTER_ADDR / MASTER_PORT into this process's
-// environment (so Runtime::init() sees them) and returns `env` with them applied.
-ClusterEnv apply_master_flags(const GivenLaunchOptions& given, const ClusterEnv& env);
-
-// Number of CPU cores this process may use (sched_getaffinity, capped by SLURM_CPUS_PER_TASK);
-// at least 1.
-int64_t available_cores();
-
-// Threads each of `local_ranks` ranks should use on this machine: max(1, cores / local_ranks).
-int64_t default_threads_per_rank(int64_t local_ranks);
 
 }  // namespace fsdp
