@@ -464,8 +464,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "after a --save-on-signal save, rank 0 runs 'scontrol requeue $SLURM_JOB_ID'")
       ->group(ckpt);
   app.add_option("--signal-save-timeout", o.signal_save_timeout,
-                 "seconds a --save-on-signal save may take; past it every rank exits anyway, "
-                 "saying so")
+                 "seconds a --save-on-signal save may take, and then --requeue's scontrol; past "
+                 "it the rank exits anyway, saying so")
       ->group(ckpt);
   app.add_option("--export-full", o.export_full,
                  "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
