@@ -78,9 +78,9 @@ struct CollectiveCall {
   int64_t numel = 0;     // elements of the full buffer: all-gather output, reduce-scatter input
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int64_t root = -1;     // broadcast: the source's group rank
-  // "all_gather of unit 'blocks.3' (4096 float elements)": what the call is, without its number.
+  // "all_gather of unit 'blocks.3' (4096 Float elements)": what the call is, without its number.
   std::string summary() const;
-  // "collective #17 (unit 'blocks.3', 4096 float elements)".
+  // "collective #17 (unit 'blocks.3', 4096 Float elements)".
   std::string describe() const;
 };
 
@@ -122,14 +122,14 @@ class Group {
   int64_t sequence() const;
 
   // NOTE [collective check]: while on, every collective first publishes its CollectiveCall
-  // (number, operation, `what`, size, dtype) in the rendezvous store and reads every member's;
-  // if they differ, it throws fsdp::Error on every member, naming the first member that differs
-  // from group rank 0 and both calls, instead of running a collective that would hang or, with
-  // equal sizes, exchange the wrong data. If a member does not publish its call within the
-  // runtime's timeout, the error says which one. Every member must switch it on at the same
-  // point of its collective order (FSDPStrategy::debug_collectives does, in fsdp::shard). Costs
-  // a store round trip per member per collective (README "Desynchronised ranks").
-  // Groups without a store (one process) have nothing to compare and ignore it.
+  // (number, operation, `what`, size, dtype, root) in the rendezvous store and reads every
+  // member's; if they differ, it throws fsdp::Error on every member, naming the first member
+  // that differs from group rank 0 and both calls, instead of running a collective that would
+  // hang, abort or, with equal sizes, exchange the wrong data. If a member does not publish its
+  // call within the runtime's timeout, the error says which one. Every member must switch it on
+  // at the same point of its collective order (FSDPStrategy::debug_collectives does, in
+  // fsdp::shard). Costs a store round trip per member per collective (README "Desynchronised
+  // ranks"). Groups without a store (one process) have nothing to compare and ignore it.
   void set_debug_collectives(bool on);
   bool debug_collectives() const;
 
