@@ -12,10 +12,24 @@
 #include <mutex>
 #include <thread>
 
+#include "collective_check.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
 namespace {
+
+// "all_gather on the shard group [0, 1] failed at collective #5 (unit 'blocks.0', 4096 Float
+// elements)": the first words are what tests and the two-hosts test look for.
+std::string failed(const Group& g, const CollectiveCall& call) {
+  return cat(call.op, " on the ", g.describe(), " failed at ", call.describe());
+}
+
+// The CollectiveCheck of a group made with a check store, or none.
+std::unique_ptr<CollectiveCheck> make_check(c10::intrusive_ptr<c10d::Store> store,
+                                            std::chrono::milliseconds timeout) {
+  if (!store) return nullptr;
+  return std::make_unique<CollectiveCheck>(std::move(store), timeout);
+}
 
 class TaskWork final : public Work {
  public:
@@ -101,9 +115,10 @@ class Worker {
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
-            int64_t rank, std::string kind, bool flat, CollectiveAlgorithm algorithm)
+            int64_t rank, std::string kind, bool flat, CollectiveAlgorithm algorithm,
+            std::unique_ptr<CollectiveCheck> check)
       : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
-        flat_(flat), algorithm_(algorithm) {
+        flat_(flat), algorithm_(algorithm), check_(std::move(check)) {
     if (algorithm_ == CollectiveAlgorithm::kAuto) algorithm_ = CollectiveAlgorithm::kRing;
     FSDP_CHECK(algorithm_ != CollectiveAlgorithm::kNative || flat_,
                "collective algorithm 'native' was requested but the ", backend_->getBackendName(),
@@ -112,14 +127,20 @@ class C10dGroup final : public Group {
   }
 
  protected:
-  WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
-    return submit("all_gather", [this, output, input]() mutable {
+  void check_call(const CollectiveCall& call) override {
+    if (check_) check_->verify(*this, call);
+  }
+
+  WorkHandle run_all_gather(at::Tensor output, at::Tensor input,
+                            const CollectiveCall& call) override {
+    return submit(call, [this, output, input]() mutable {
       gather_into(transport(output), transport(input));
     });
   }
 
-  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
-    return submit("reduce_scatter", [this, output, input]() mutable {
+  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input,
+                                const CollectiveCall& call) override {
+    return submit(call, [this, output, input]() mutable {
       // A dtype the backend cannot sum (bf16 on Gloo) takes the ring, whose sums are local.
       const auto algorithm = native(input) ? algorithm_ : CollectiveAlgorithm::kRing;
       switch (algorithm) {
@@ -144,8 +165,9 @@ class C10dGroup final : public Group {
     });
   }
 
-  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) override {
-    return submit("all_reduce", [this, tensor, after]() mutable {
+  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after,
+                            const CollectiveCall& call) override {
+    return submit(call, [this, tensor, after]() mutable {
       if (after) after->wait();
       if (native(tensor)) {
         std::vector<at::Tensor> ts{tensor};
@@ -164,8 +186,8 @@ class C10dGroup final : public Group {
     });
   }
 
-  WorkHandle run_broadcast(at::Tensor tensor, int64_t root) override {
-    return submit("broadcast", [this, tensor, root]() mutable {
+  WorkHandle run_broadcast(at::Tensor tensor, int64_t root, const CollectiveCall& call) override {
+    return submit(call, [this, tensor, root]() mutable {
       std::vector<at::Tensor> ts{transport(tensor)};
       c10d::BroadcastOptions opts;
       opts.rootRank = static_cast<int>(root);
@@ -173,8 +195,8 @@ class C10dGroup final : public Group {
     });
   }
 
-  void run_barrier() override {
-    submit("barrier", [this] { backend_->barrier()->wait(); })->wait();
+  void run_barrier(const CollectiveCall& call) override {
+    submit(call, [this] { backend_->barrier()->wait(); })->wait();
   }
 
  private:
@@ -218,14 +240,14 @@ class C10dGroup final : public Group {
     }
   }
 
-  WorkHandle submit(const char* op, std::function<void()> fn) {
-    return worker_.submit([this, op, fn = std::move(fn)] {
+  WorkHandle submit(const CollectiveCall& call, std::function<void()> fn) {
+    return worker_.submit([this, what = failed(*this, call), fn = std::move(fn)] {
       try {
         fn();
       } catch (const Error&) {
         throw;
       } catch (const std::exception& e) {
-        throw Error(detail::cat(op, " on the ", describe(), " failed: ", error_message(e),
+        throw Error(detail::cat(what, ": ", error_message(e),
                                 " (a peer rank probably exited or timed out; see its output)"));
       }
     });
@@ -274,6 +296,7 @@ class C10dGroup final : public Group {
   c10::intrusive_ptr<compat::C10dBackend> backend_;
   bool flat_;
   CollectiveAlgorithm algorithm_;
+  std::unique_ptr<CollectiveCheck> check_;  // none: set_debug_collectives has no effect
   Worker worker_;  // last: joined first, while the members it uses still exist
 };
 
@@ -289,7 +312,7 @@ class C10dWork final : public Work {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(detail::cat(what_, " failed: ", error_message(e),
+      throw Error(detail::cat(what_, ": ", error_message(e),
                               " (a peer rank probably exited or timed out; see its output)"));
     }
   }
@@ -313,56 +336,64 @@ class C10dWork final : public Work {
 class NcclGroup final : public Group {
  public:
   NcclGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
-            int64_t rank, std::string kind, CollectiveAlgorithm algorithm)
-      : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)) {
+            int64_t rank, std::string kind, CollectiveAlgorithm algorithm,
+            std::unique_ptr<CollectiveCheck> check)
+      : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
+        check_(std::move(check)) {
     FSDP_CHECK(algorithm == CollectiveAlgorithm::kAuto || algorithm == CollectiveAlgorithm::kNative,
                "collective algorithm '", to_string(algorithm), "' is for Gloo groups; NCCL groups "
                "use NCCL's own all-gather and reduce-scatter: use auto or native");
   }
 
  protected:
-  WorkHandle run_all_gather(at::Tensor output, at::Tensor input) override {
-    return issue("all_gather", [&] { return backend_->_allgather_base(output, input); });
+  void check_call(const CollectiveCall& call) override {
+    if (check_) check_->verify(*this, call);
   }
-  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) override {
+  WorkHandle run_all_gather(at::Tensor output, at::Tensor input,
+                            const CollectiveCall& call) override {
+    return issue(call, [&] { return backend_->_allgather_base(output, input); });
+  }
+  WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input,
+                                const CollectiveCall& call) override {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    return issue("reduce_scatter",
-                 [&] { return backend_->_reduce_scatter_base(output, input, opts); });
+    return issue(call, [&] { return backend_->_reduce_scatter_base(output, input, opts); });
   }
-  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) override {
+  WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after,
+                            const CollectiveCall& call) override {
     if (after) after->wait();  // a stream dependency, not a CPU wait (NOTE [NCCL groups])
     std::vector<at::Tensor> ts{tensor};
-    return issue("all_reduce", [&] { return backend_->allreduce(ts); });
+    return issue(call, [&] { return backend_->allreduce(ts); });
   }
-  WorkHandle run_broadcast(at::Tensor tensor, int64_t root) override {
+  WorkHandle run_broadcast(at::Tensor tensor, int64_t root, const CollectiveCall& call) override {
     std::vector<at::Tensor> ts{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = static_cast<int>(root);
-    return issue("broadcast", [&] { return backend_->broadcast(ts, opts); });
+    return issue(call, [&] { return backend_->broadcast(ts, opts); });
   }
-  void run_barrier() override {
+  void run_barrier(const CollectiveCall& call) override {
     // On this thread's current device (Runtime::init set it to cuda:<LOCAL_RANK>); c10d would
     // otherwise guess the device from the global rank.
     c10d::BarrierOptions opts;
     opts.device_ids = {compat::current_cuda_device()};
-    issue("barrier", [&] { return backend_->barrier(opts); })->wait();
+    issue(call, [&] { return backend_->barrier(opts); })->wait();
   }
 
  private:
   template <typename Fn>
-  WorkHandle issue(const char* op, Fn&& fn) {
-    const std::string what = detail::cat(op, " on the ", describe());
+  WorkHandle issue(const CollectiveCall& call, Fn&& fn) {
+    const std::string what = failed(*this, call);
     try {
       return std::make_shared<C10dWork>(fn(), what);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(detail::cat(what, " failed: ", error_message(e)));
+      throw Error(detail::cat(what, ": ", error_message(e)));
     }
   }
 
   c10::intrusive_ptr<compat::C10dBackend> backend_;
+  std::unique_ptr<CollectiveCheck> check_;  // none: set_debug_collectives has no effect
 };
 
 }  // namespace
@@ -370,14 +401,17 @@ class NcclGroup final : public Group {
 std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> backend,
                                        std::vector<int64_t> ranks, int64_t rank, std::string kind,
                                        bool has_flat_collectives, bool is_nccl,
-                                       CollectiveAlgorithm algorithm) {
+                                       CollectiveAlgorithm algorithm,
+                                       c10::intrusive_ptr<c10d::Store> check_store,
+                                       std::chrono::milliseconds timeout) {
+  auto check = make_check(std::move(check_store), timeout);
   if (is_nccl) {
     TORCH_INTERNAL_ASSERT(has_flat_collectives, "NCCL always has flat collectives");
     return std::make_shared<NcclGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
-                                       algorithm);
+                                       algorithm, std::move(check));
   }
   return std::make_shared<C10dGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
-                                     has_flat_collectives, algorithm);
+                                     has_flat_collectives, algorithm, std::move(check));
 }
 
 }  // namespace fsdp::detail

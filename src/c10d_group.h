@@ -1,6 +1,7 @@
 // c10d_group.h (internal): a Group on a c10d backend (ProcessGroupGloo or ProcessGroupNCCL).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,9 +17,14 @@ namespace fsdp::detail {
 // issuing thread keeps every member's c10d call order identical; kAuto means kRing.
 // NCCL: NCCL's own flat collectives issued on the calling thread (NOTE [NCCL groups] in
 // c10d_group.cpp); `algorithm` must be kAuto or kNative.
+// `check_store`: the group's own keys in the rendezvous store for NOTE [collective check]
+// (Group::set_debug_collectives), waited on up to `timeout`; none: the group ignores
+// set_debug_collectives.
 std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> backend,
                                        std::vector<int64_t> ranks, int64_t rank, std::string kind,
                                        bool has_flat_collectives, bool is_nccl,
-                                       CollectiveAlgorithm algorithm);
+                                       CollectiveAlgorithm algorithm,
+                                       c10::intrusive_ptr<c10d::Store> check_store = {},
+                                       std::chrono::milliseconds timeout = {});
 
 }  // namespace fsdp::detail

@@ -178,6 +178,9 @@ void Engine::build() {
     shard_group_ = mesh_->group(1);
   }
   TORCH_INTERNAL_ASSERT(shard_group_->size() == S_ && replicate_group_->size() == R_);
+  for (const auto& g : {shard_group_, replicate_group_, runtime_->world()}) {
+    if (strategy_.debug_collectives()) g->set_debug_collectives(true);  // NOTE [collective check]
+  }
   shard_rank_ = shard_group_->rank();
   // Sum-then-divide (NOTE [gradient averaging]); fp16 also pre-divides to stay in range.
   const double dp = static_cast<double>(R_ * S_);
@@ -231,7 +234,7 @@ void Engine::build() {
     for (auto& b : root_->named_buffers()) {
       at::Tensor buf = b.value();
       at::Tensor bytes = buf.contiguous().view({-1}).view(at::kByte).clone();
-      runtime_->world()->broadcast(bytes, 0)->wait();
+      runtime_->world()->broadcast(bytes, 0, "buffer '" + b.key() + "'")->wait();
       torch::NoGradGuard no_grad;
       buf.copy_(bytes.view(buf.scalar_type()).view(buf.sizes()));
     }
@@ -296,7 +299,7 @@ void Engine::flatten_and_shard(UnitState& u, bool broadcast, const at::Tensor& p
       flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape({-1}));
     }
     if (broadcast && runtime_->world_size() > 1 && u.padded > 0) {
-      runtime_->world()->broadcast(flat, 0)->wait();
+      runtime_->world()->broadcast(flat, 0, collective_label(u))->wait();
     }
     u.shard = flat.narrow(0, shard_rank_ * u.shard_numel, u.shard_numel).clone();
   }
@@ -453,7 +456,7 @@ void Engine::unshard(UnitState& u) {
   at::Tensor src = u.shard.detach();
   if (param_dtype_ != c10::kFloat) src = src.to(param_dtype_);
   u.gather_src = src;
-  u.gather = shard_group_->all_gather(u.full, src);
+  u.gather = shard_group_->all_gather(u.full, src, collective_label(u));
   u.phase = Phase::kGathering;
 }
 
@@ -724,7 +727,7 @@ void Engine::reduce_grad(UnitState& u) {
   if (S_ > 1) {
     // Not pooled: it becomes the shard's .grad, state that outlives the step.
     p.output = at::empty({u.shard_numel}, g.options());
-    p.rs = shard_group_->reduce_scatter(p.output, g);
+    p.rs = shard_group_->reduce_scatter(p.output, g, collective_label(u));
     p.input = g;
     p.input_bytes = bytes_of(g);
   } else {
@@ -740,7 +743,7 @@ void Engine::reduce_grad(UnitState& u) {
       p.output.add_(u.partial);
       u.partial = at::Tensor();
     }
-    p.ar = replicate_group_->all_reduce(p.output, p.rs);
+    p.ar = replicate_group_->all_reduce(p.output, p.rs, collective_label(u));
   }
   u.pending = std::move(p);
 }
@@ -881,7 +884,7 @@ double Engine::clip_grad_norm(double max_norm) {
     if (u->shard.grad().defined()) sumsq += u->shard.grad().norm().to(at::kDouble).pow(2);
   }
   // Replicas hold identical shards after the replicate all-reduce: sum over the shard group only.
-  if (S_ > 1) shard_group_->all_reduce(sumsq)->wait();
+  if (S_ > 1) shard_group_->all_reduce(sumsq, nullptr, "the gradient norm")->wait();
   const double total = std::sqrt(sumsq.item<double>());
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
@@ -906,7 +909,7 @@ torch::OrderedDict<std::string, at::Tensor> Engine::state_dict() {
   for (auto& u : units_) {
     if (u->padded == 0) continue;
     at::Tensor full = at::empty({u->padded}, u->shard.options().requires_grad(false));
-    shard_group_->all_gather(full, u->shard.detach())->wait();
+    shard_group_->all_gather(full, u->shard.detach(), collective_label(*u))->wait();
     for (const auto& s : u->params) {
       at::Tensor v = full.narrow(0, s.offset, s.numel).view(s.shape).to(s.original_dtype).clone();
       values[s.name] = v;

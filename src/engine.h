@@ -102,6 +102,12 @@ struct UnitState {
   int64_t inputs_pending = 0;
 };
 
+// How collectives name a flat (CollectiveCall::what): "unit 'blocks.3'", "unit '(root)'", and
+// "unit 'blocks.3' (frozen parameters)" for a unit's frozen flat.
+inline std::string collective_label(const UnitState& u) {
+  return "unit '" + display(u.name) + (u.owner ? "' (frozen parameters)" : "'");
+}
+
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   Engine(std::shared_ptr<torch::nn::Module> root, FSDPStrategy strategy,

@@ -294,6 +294,8 @@ struct Runtime::Impl {
     const int64_t size = static_cast<int64_t>(ranks.size());
     if (size == 1) return make_single_process_group(env.rank, kind);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    // NOTE [collective check]: its keys, apart from the backend's.
+    auto check_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "check/", store);
     if (backend == Backend::kNccl) {
 #if defined(FSDP_WITH_CUDA)
       auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -301,7 +303,7 @@ struct Runtime::Impl {
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, static_cast<int>(group_rank),
                                                             static_cast<int>(size), opts);
       return detail::make_c10d_group(pg, ranks, group_rank, kind, /*flat=*/true, /*nccl=*/true,
-                                     algorithm);
+                                     algorithm, check_store, options.timeout);
 #else
       TORCH_INTERNAL_ASSERT(false, "nccl backend without CUDA support");
 #endif
@@ -312,7 +314,7 @@ struct Runtime::Impl {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(group_rank),
                                                           static_cast<int>(size), opts);
     return detail::make_c10d_group(pg, ranks, group_rank, kind, compat::kGlooHasFlatCollectives,
-                                   /*nccl=*/false, algorithm);
+                                   /*nccl=*/false, algorithm, check_store, options.timeout);
   }
 };
 

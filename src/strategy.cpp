@@ -143,7 +143,9 @@ std::string FSDPStrategy::describe() const {
                      " grad_sync=", to_string(grad_sync_),
                      " state_dict=", to_string(state_dict_type_),
                      " sync_states=", sync_module_states_,
-                     " activation_checkpointing=", activation_checkpointing_.name());
+                     " activation_checkpointing=", activation_checkpointing_.name(),
+                     // Only when on: the line is also in checkpoints' settings, compared on resume.
+                     debug_collectives_ ? " debug_collectives=on" : "");
 }
 
 std::vector<int64_t> parse_mesh_shape(const std::string& text) {

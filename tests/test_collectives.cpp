@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "collective_check.h"
 #include "fsdp/error.h"
 #include "testing.h"
 
@@ -187,3 +190,151 @@ TEST(Collectives, AgreementCheckNamesBothValues) {
   }
   run_ranks(3, [&](Runtime& rt) { rt.check_agreement("configuration", "same"); });
 }
+
+// NOTE [collective check]: with debug_collectives on, a call that differs from group rank 0's
+// fails on every member with the same one-line error, before any data moves.
+namespace {
+
+// Runs `fn` on `world` thread ranks with debug_collectives on the world group; returns each
+// rank's error ("" if none).
+std::vector<std::string> errors_of(int64_t world, const std::function<void(fsdp::Group&)>& fn,
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  run_ranks(
+      world,
+      [&](Runtime& rt) {
+        auto& g = *rt.world();
+        g.set_debug_collectives(true);
+        try {
+          fn(g);
+        } catch (const fsdp::Error& e) {
+          errors[static_cast<size_t>(rt.rank())] = e.what();
+        }
+      },
+      0, timeout);
+  return errors;
+}
+
+TEST(CollectiveCheck, TheFirstRankThatDiffersIsNamedOnEveryRank) {
+  const auto errors = errors_of(3, [](fsdp::Group& g) {
+    at::Tensor in = at::ones({4}), out = at::empty({12});
+    g.all_gather(out, in, "unit 'a'")->wait();
+    g.all_reduce(in, nullptr, "the gradient norm")->wait();
+    // Collective #3: rank 2 gathers another (equal-sized) unit.
+    g.all_gather(out, in, g.rank() == 2 ? "unit 'c'" : "unit 'b'")->wait();
+  });
+  const std::string expected =
+      "collective #3 on the world group [0, 1, 2]: rank 2 issued all_gather of unit 'c' (12 Float "
+      "elements) while rank 0 issued all_gather of unit 'b' (12 Float elements); the ranks' "
+      "control flow differs";
+  for (const auto& e : errors) {
+    EXPECT_EQ(e.rfind(expected, 0), 0u) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
+TEST(CollectiveCheck, SizesOperationsAndRootsAreCompared) {
+  auto errors = errors_of(2, [](fsdp::Group& g) {
+    at::Tensor t = at::ones({g.rank() == 1 ? 5 : 4});
+    g.all_reduce(t, nullptr, "x")->wait();
+  });
+  EXPECT_NE(errors[0].find("rank 1 issued all_reduce of x (5 Float elements) while rank 0 issued "
+                           "all_reduce of x (4 Float elements)"),
+            std::string::npos) << errors[0];
+  errors = errors_of(2, [](fsdp::Group& g) {
+    at::Tensor t = at::ones({4}), out = at::empty({8});
+    if (g.rank() == 0) g.all_reduce(t)->wait();
+    else g.all_gather(out, t)->wait();
+  });
+  EXPECT_NE(errors[1].find("collective #1 on the world group [0, 1]: rank 1 issued all_gather "
+                           "(8 Float elements) while rank 0 issued all_reduce (4 Float elements)"),
+            std::string::npos) << errors[1];
+  errors = errors_of(2, [](fsdp::Group& g) { g.broadcast(at::ones({2}), g.rank())->wait(); });
+  EXPECT_NE(errors[0].find("rank 1 issued broadcast from group rank 1 (2 Float elements) while "
+                           "rank 0 issued broadcast from group rank 0"),
+            std::string::npos) << errors[0];
+}
+
+TEST(CollectiveCheck, ARankThatIssuesNothingIsNamedAfterTheTimeout) {
+  const auto errors = errors_of(
+      2,
+      [](fsdp::Group& g) {
+        if (g.rank() == 1) return;  // skips the collective
+        g.all_reduce(at::ones({3}), nullptr, "unit 'x'")->wait();
+      },
+      std::chrono::seconds(2));
+  EXPECT_NE(errors[0].find("collective #1 on the world group [0, 1]: rank 1 did not issue it "
+                           "within 2 s while rank 0 issued all_reduce of unit 'x' (3 Float "
+                           "elements)"),
+            std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+// Without the check, a failed collective's error still names its number, unit and size.
+TEST(CollectiveCheck, AFailedCollectiveNamesItsNumberAndUnit) {
+  std::string error;
+  run_ranks(
+      2,
+      [&](Runtime& rt) {
+        auto& g = *rt.world();
+        at::Tensor t = at::ones({3});
+        g.all_reduce(t)->wait();
+        if (rt.rank() == 1) return;  // leaves; rank 0's next collective fails or times out
+        try {
+          g.all_reduce(t, nullptr, "unit 'x'")->wait();
+        } catch (const fsdp::Error& e) {
+          error = e.what();
+        }
+      },
+      0, std::chrono::seconds(3));
+  EXPECT_EQ(error.rfind("all_reduce on the world group [0, 1] failed at collective #2 (unit 'x', "
+                        "3 Float elements): ", 0), 0u) << error;
+}
+
+TEST(CollectiveCheck, MatchingCallsRunAndAreNumbered) {
+  run_ranks(2, [](Runtime& rt) {
+    auto& g = *rt.world();
+    const int64_t before = g.sequence();
+    g.set_debug_collectives(true);
+    for (int i = 0; i < 20; ++i) {
+      at::Tensor t = at::full({3}, static_cast<float>(rt.rank()));
+      g.all_reduce(t, nullptr, "t")->wait();
+      ASSERT_EQ(t[0].item<float>(), 1.0f);
+    }
+    g.barrier();
+    EXPECT_EQ(g.sequence(), before + 21);
+    g.set_debug_collectives(false);
+  });
+}
+
+// Each member's store holds at most two of its calls, however many were checked.
+TEST(CollectiveCheck, TheStoreKeepsOnlyTheLastCalls) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  fsdp::detail::CollectiveCheck check(store, std::chrono::seconds(5));
+  auto g = fsdp::make_single_process_group(0, "shard");
+  for (int64_t n = 1; n <= 50; ++n) {
+    fsdp::CollectiveCall call;
+    call.sequence = n;
+    call.op = "all_gather";
+    check.verify(*g, call);
+  }
+  EXPECT_EQ(store->getNumKeys(), 1);
+}
+
+TEST(CollectiveCheck, CallsDescribeThemselves) {
+  fsdp::CollectiveCall c;
+  c.sequence = 17;
+  c.op = "all_gather";
+  c.what = "unit 'blocks.3'";
+  c.numel = 4096;
+  c.dtype = at::kBFloat16;
+  EXPECT_EQ(c.summary(), "all_gather of unit 'blocks.3' (4096 BFloat16 elements)");
+  EXPECT_EQ(c.describe(), "collective #17 (unit 'blocks.3', 4096 BFloat16 elements)");
+  fsdp::CollectiveCall b;
+  b.sequence = 2;
+  b.op = "barrier";
+  EXPECT_EQ(b.summary(), "barrier");
+  EXPECT_EQ(b.describe(), "collective #2");
+}
+
+}  // namespace

@@ -325,6 +325,80 @@ TEST(TrainPreempt, Usr1ToTheLauncherSavesOnEveryRank) {
   EXPECT_EQ(fsdp::verify_checkpoint(fsdp::checkpoint_path(tmp / "ck", saved)).step, saved);
 }
 
+// Whether `pid` has a handler for `sig` (SigCgt in /proc/PID/status).
+bool catches(int pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  }
+  return false;
+}
+
+// Ctrl-C twice on a terminal (SIGINT to the whole process group): the first asks for a save after
+// the step, the second stops every rank at once (SIGINT's default action), before the step ends.
+// Nothing is saved; the supervisor exits 130, saying it was interrupted.
+TEST(TrainPreempt, SecondSigintStopsAtOnceWithoutSaving) {
+  TempDir tmp;
+  // Steps of about a second on 2 ranks, so the step is still running at the second SIGINT.
+  Process p({kTrain, "--devices=2", "--model=small", "--global-batch=16", "--seq-len=256",
+             "--steps=30", "--quiet", "--checkpoint-dir=" + tmp / "ck",
+             "--metrics=" + tmp / "m.jsonl"});
+  const auto ranks = children_of(p.pid(), 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (int i = 0; i < 1200 && lines_of(tmp / "m.jsonl") < 1; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(catches(ranks[0], SIGINT) && catches(ranks[1], SIGINT));
+  ::kill(-p.pid(), SIGINT);
+  // The first SIGINT's handler restores SIGINT's default action: once both ranks ran it, the
+  // second cannot merge with the first.
+  for (int i = 0; i < 30000 && (catches(ranks[0], SIGINT) || catches(ranks[1], SIGINT)); ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto second = std::chrono::steady_clock::now();
+  ::kill(-p.pid(), SIGINT);
+  auto r = p.wait(60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - second, 10s) << r.output;
+  EXPECT_EQ(r.exit_code(), 130) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: interrupted by SIGINT; stopped all 2 ranks"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("saved step"), std::string::npos) << r.output;
+  EXPECT_TRUE(!fs::exists(tmp / "ck") || fs::is_empty(tmp / "ck")) << "a save started";
+  EXPECT_LT(lines_of(tmp / "m.jsonl"), 3u) << "the step went on after the second SIGINT";
+}
+
+// --signal-save-timeout bounds what follows the signal: here a requeue that hangs (a stand-in
+// scontrol that sleeps, as scontrol does while slurmctld does not answer). Rank 0 exits with the
+// signal's status after 1 s, saying what did not finish; the checkpoint is saved.
+TEST(TrainPreempt, SignalSaveTimeoutBoundsAHungRequeue) {
+  TempDir tmp;
+  fs::create_directories(tmp / "bin");
+  {
+    std::ofstream f(tmp / "bin/scontrol");
+    f << "#!/bin/sh\nexec >/dev/null 2>&1\nexec sleep 60\n";
+  }
+  fs::permissions(tmp / "bin/scontrol", fs::perms::owner_all);
+  Process p(args({"--steps=400", "--checkpoint-dir=" + tmp / "ck", "--requeue",
+                  "--signal-save-timeout=1", "--metrics=" + tmp / "m.jsonl"}),
+            {{"PATH", tmp / "bin:" + std::string(std::getenv("PATH"))}, {"SLURM_JOB_ID", "4242"}});
+  for (int i = 0; i < 1200 && lines_of(tmp / "m.jsonl") < 2; ++i) std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGUSR1);  // the supervisor relays it to both ranks
+  auto r = p.wait(60s);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << r.output;
+  EXPECT_EQ(r.exit_code(), 138) << r.output;
+  const auto at = r.output.find("fsdp-train: SIGUSR1: saved step ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int64_t saved = std::stoll(r.output.substr(at + 32));
+  EXPECT_NE(r.output.find("fsdp-train: error: 'scontrol requeue 4242' did not finish within "
+                          "--signal-save-timeout 1 s; exiting without requeueing (step " +
+                          std::to_string(saved) + " is saved"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("requeued SLURM job"), std::string::npos) << r.output;
+  EXPECT_EQ(fsdp::verify_checkpoint(fsdp::checkpoint_path(tmp / "ck", saved)).step, saved);
+}
+
 TEST(TrainPreempt, BadPreemptionFlagsFailBeforeStarting) {
   for (const auto& [flags, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--save-on-signal=TERM,KILL"}, "'KILL' is not a signal fsdp-train can save on"},

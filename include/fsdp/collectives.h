@@ -10,9 +10,13 @@
 //   the same sizes and dtypes. A rank that skips one makes the others wait until the timeout.
 // - Calls return at once with a Work handle. Inputs must stay unmodified and outputs unread until
 //   wait() returns; wait() rethrows the collective's failure (a dead peer, a timeout) as
-//   fsdp::Error naming the operation and the group.
+//   fsdp::Error naming the operation, the group and the collective's sequence number there.
 // - Collectives on one group run one at a time, in issue order. Collectives on different groups
 //   (a shard group and a replicate group) run concurrently.
+// - Each group numbers its collectives 1, 2, 3, ... in issue order (Group::sequence()); errors
+//   name that number and the caller's name for the data ("collective #17 (unit 'blocks.3', ...)"),
+//   so two ranks' errors can be lined up. NOTE [collective check] (set_debug_collectives) compares
+//   the numbered calls across the group before running them.
 // - Sums only. Averaging is the caller's job: the engine divides once, on the reduced gradient
 //   shard (see NOTE [gradient averaging] in sharded.h). Gloo has no ReduceOp::AVG.
 #pragma once
@@ -66,6 +70,22 @@ struct CommCounters {
   CommCounters operator-(const CommCounters& o) const;
 };
 
+// One collective as issued on a group: what its errors and the desync check name.
+struct CollectiveCall {
+  int64_t sequence = 0;  // 1 for the group's first collective, then one more per call
+  const char* op = "";   // "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"
+  std::string what;      // the caller's name for the data, e.g. "unit 'blocks.3'"; may be empty
+  int64_t numel = 0;     // elements of the full buffer: all-gather output, reduce-scatter input
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t root = -1;     // broadcast: the source's group rank
+  // "all_gather of unit 'blocks.3' (4096 Float elements)": what the call is, without its number.
+  std::string summary() const;
+  // "collective #17 (unit 'blocks.3', 4096 Float elements)".
+  std::string describe() const;
+};
+
+// Groups are not thread-safe: issue a group's collectives from one thread at a time (the engine
+// does). Work handles may be waited on from any thread.
 class Group {
  public:
   // `ranks`: the members' global ranks in group-rank order; `kind`: what the group is for, used
@@ -81,28 +101,56 @@ class Group {
   const std::string& kind() const { return kind_; }
   std::string describe() const;  // "shard group [0, 1, 2, 3]"
 
-  // output (size() * n elements) <- every member's input (n elements), member i's at [i*n, (i+1)*n).
-  WorkHandle all_gather(at::Tensor output, at::Tensor input);
+  // `what` names the data in errors and in the desync check (CollectiveCall::what), e.g.
+  // "unit 'blocks.3'"; empty is fine.
+  //
+  // output (size() * n elements) <- every member's input (n elements), member i's at
+  // [i*n, (i+1)*n).
+  WorkHandle all_gather(at::Tensor output, at::Tensor input, std::string what = {});
   // output (n) <- sum over members of their input's chunk rank() (input has size() * n elements).
-  WorkHandle reduce_scatter(at::Tensor output, at::Tensor input);
+  WorkHandle reduce_scatter(at::Tensor output, at::Tensor input, std::string what = {});
   // tensor <- sum over members, in place. Starts only after `after` (if given) completed: this
   // chains a replicate-group all-reduce behind a shard-group reduce-scatter without blocking.
-  WorkHandle all_reduce(at::Tensor tensor, WorkHandle after = nullptr);
+  WorkHandle all_reduce(at::Tensor tensor, WorkHandle after = nullptr, std::string what = {});
   // tensor <- the tensor of group rank `root`.
-  WorkHandle broadcast(at::Tensor tensor, int64_t root);
+  WorkHandle broadcast(at::Tensor tensor, int64_t root, std::string what = {});
   // Returns when every member called it.
   void barrier();
 
   CommCounters counters() const;
+  // Collectives issued on this group so far (the last one's CollectiveCall::sequence).
+  int64_t sequence() const;
+
+  // NOTE [collective check]: while on, every collective first publishes its CollectiveCall
+  // (number, operation, `what`, size, dtype, root) in the rendezvous store and reads every
+  // member's; if they differ, it throws fsdp::Error on every member, naming the first member
+  // that differs from group rank 0 and both calls, instead of running a collective that would
+  // hang, abort or, with equal sizes, exchange the wrong data. If a member does not publish its
+  // call within the runtime's timeout, the error says which one. Every member must switch it on
+  // at the same point of its collective order (FSDPStrategy::debug_collectives does, in
+  // fsdp::shard). Costs a store round trip per member per collective (README "Desynchronised
+  // ranks"). Groups without a store (one process) have nothing to compare and ignore it.
+  void set_debug_collectives(bool on);
+  bool debug_collectives() const;
 
  protected:
-  virtual WorkHandle run_all_gather(at::Tensor output, at::Tensor input) = 0;
-  virtual WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input) = 0;
-  virtual WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after) = 0;
-  virtual WorkHandle run_broadcast(at::Tensor tensor, int64_t root) = 0;
-  virtual void run_barrier() = 0;
+  virtual WorkHandle run_all_gather(at::Tensor output, at::Tensor input,
+                                    const CollectiveCall& call) = 0;
+  virtual WorkHandle run_reduce_scatter(at::Tensor output, at::Tensor input,
+                                        const CollectiveCall& call) = 0;
+  virtual WorkHandle run_all_reduce(at::Tensor tensor, WorkHandle after,
+                                    const CollectiveCall& call) = 0;
+  virtual WorkHandle run_broadcast(at::Tensor tensor, int64_t root,
+                                   const CollectiveCall& call) = 0;
+  virtual void run_barrier(const CollectiveCall& call) = 0;
+  // With debug_collectives on: compares `call` across the group (see above) before the run_*
+  // hook runs. Default: nothing to compare with.
+  virtual void check_call(const CollectiveCall& call);
 
  private:
+  // Numbers the call and, with debug_collectives on, checks it (check_call).
+  CollectiveCall next_call(const char* op, std::string what, const at::Tensor& buffer,
+                           int64_t root = -1);
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::string kind_;

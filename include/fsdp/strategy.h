@@ -185,6 +185,12 @@ class FSDPStrategy {
   FSDP_OPTION(bool, sync_module_states, true)
   // Which units recompute their forward in backward (CheckpointPolicy above). Default none.
   FSDP_OPTION(CheckpointPolicy, activation_checkpointing, CheckpointPolicy::none())
+  // Before each collective on the model's groups (and the world group), compare (sequence
+  // number, operation, unit, size) across the group through the rendezvous store, and fail on
+  // every rank naming the first rank and unit that differ, instead of hanging or, for equal-sized
+  // units, exchanging the wrong data (NOTE [collective check] in fsdp/collectives.h). Default
+  // off: it costs a few store round trips per collective (README "Desynchronised ranks").
+  FSDP_OPTION(bool, debug_collectives, false)
 #undef FSDP_OPTION
 
  public:

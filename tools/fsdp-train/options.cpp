@@ -318,6 +318,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "every block keeps only its input in forward and recomputes its forward in "
                "backward: less activation memory for one more forward per step")
       ->group(sharding);
+  app.add_flag("--debug-collectives", o.debug_collectives,
+               "before each collective, compare (number, operation, unit, size) across the group "
+               "through the rendezvous store; ranks that differ fail naming the first rank and "
+               "unit that differ, instead of hanging or exchanging the wrong data (slower)")
+      ->group(sharding);
 
   const char* model = "Model and data";
   app.add_option("--model", o.model, preset_help())->group(model);
@@ -459,8 +464,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "after a --save-on-signal save, rank 0 runs 'scontrol requeue $SLURM_JOB_ID'")
       ->group(ckpt);
   app.add_option("--signal-save-timeout", o.signal_save_timeout,
-                 "seconds a --save-on-signal save may take; past it every rank exits anyway, "
-                 "saying so")
+                 "seconds a --save-on-signal save may take, and then --requeue's scontrol; past "
+                 "it the rank exits anyway, saying so")
       ->group(ckpt);
   app.add_option("--export-full", o.export_full,
                  "at the end, write the full (unsharded) weights to FILE.pt (torch.load reads "
@@ -613,6 +618,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   if (o.activation_checkpointing) {
     p.strategy.activation_checkpointing(fsdp::CheckpointPolicy::all_units());  // the blocks
   }
+  p.strategy.debug_collectives(o.debug_collectives);
   p.strategy.timeout(std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
   try {
     p.sharding = fsdp::plan_sharding(p.strategy, world_size, local_world_size);

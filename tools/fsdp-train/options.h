@@ -60,6 +60,7 @@ struct TrainOptions {
   std::string grad_sync = "every";
   std::string prefetch = "on";
   bool activation_checkpointing = false;  // every block recomputes its forward in backward
+  bool debug_collectives = false;  // FSDPStrategy::debug_collectives (NOTE [collective check])
   // Model and data.
   std::string model = "small";
   // Explicit shape, overriding the preset's (0 = the preset's): any size can be asked for.

@@ -7,9 +7,10 @@
 // step, so all ranks see the signal after the same step even if it reached one rank (or one
 // node) only, and none blocks in a collective another rank skipped. They then save that step
 // synchronously (bounded by --signal-save-timeout: past it a rank exits anyway, saying so), rank
-// 0 runs `scontrol requeue $SLURM_JOB_ID` if --requeue, and every rank exits with status 128 +
-// the signal's number (143 SIGTERM, 130 SIGINT, 138 SIGUSR1). A second SIGINT stops at once (the
-// default action). Without --checkpoint-dir signals keep their default action.
+// 0 runs `scontrol requeue $SLURM_JOB_ID` if --requeue (bounded the same way), and every rank
+// exits with status 128 + the signal's number (143 SIGTERM, 130 SIGINT, 138 SIGUSR1). A second
+// SIGINT stops at once (the default action: the rank dies by SIGINT, without saving). Without
+// --checkpoint-dir signals keep their default action.
 #pragma once
 
 #include <string>

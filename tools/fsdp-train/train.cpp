@@ -543,17 +543,26 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
     auto stop_on_signal = [&](int sig, int64_t steps_done) {
       const std::string name = signal_name(sig);
       const std::string path = fsdp::checkpoint_path(o.checkpoint_dir, steps_done);
-      Deadline deadline(o.signal_save_timeout, 128 + sig,
-                        cat("fsdp-train: error: rank ", rank, ": the save of step ", steps_done,
-                            " on ", name, " did not finish within --signal-save-timeout ",
-                            o.signal_save_timeout, " s; exiting without it"));
-      if (ckpt.saves == 0 || ckpt.last_save.path != path) save(steps_done);  // unless periodic
+      {
+        Deadline deadline(o.signal_save_timeout, 128 + sig,
+                          cat("fsdp-train: error: rank ", rank, ": the save of step ", steps_done,
+                              " on ", name, " did not finish within --signal-save-timeout ",
+                              o.signal_save_timeout, " s; exiting without it"));
+        if (ckpt.saves == 0 || ckpt.last_save.path != path) save(steps_done);  // unless periodic
+      }
       if (lead) {
         std::printf("\nfsdp-train: %s: saved step %lld to %s; exiting with status %d (continue "
                     "with --resume)\n", name.c_str(), static_cast<long long>(steps_done),
                     path.c_str(), 128 + sig);
         std::fflush(stdout);
         if (o.requeue) {
+          // Bounded too: scontrol waits while slurmctld does not answer.
+          const char* job = std::getenv("SLURM_JOB_ID");
+          Deadline deadline(o.signal_save_timeout, 128 + sig,
+                            cat("fsdp-train: error: 'scontrol requeue ", job ? job : "",
+                                "' did not finish within --signal-save-timeout ",
+                                o.signal_save_timeout, " s; exiting without requeueing (step ",
+                                steps_done, " is saved: requeue or resubmit the job by hand)"));
           requeue_slurm_job();
           std::printf("fsdp-train: requeued SLURM job %s\n", std::getenv("SLURM_JOB_ID"));
           std::fflush(stdout);
