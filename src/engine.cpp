@@ -759,24 +759,24 @@ void Engine::settle_finished_reduces() {
     PendingReduce& p = *u->pending;
     if (p.rs && !p.rs->completed()) continue;
     if (p.ar && !p.ar->completed()) {
-      if (p.input.defined()) {
-        p.input = at::Tensor();
-        tracker_.sub(p.input_bytes);
-      }
+      release_reduce_input(p);
       continue;
     }
     complete_reduce(*u);
   }
 }
 
+void Engine::release_reduce_input(PendingReduce& p) {
+  if (!p.input.defined()) return;
+  p.input = at::Tensor();
+  tracker_.sub(p.input_bytes);
+}
+
 void Engine::complete_reduce(UnitState& u) {
   PendingReduce& p = *u.pending;
   if (p.rs) p.rs->wait();
   if (p.ar) p.ar->wait();
-  if (p.input.defined()) {
-    p.input = at::Tensor();
-    tracker_.sub(p.input_bytes);
-  }
+  release_reduce_input(p);
   if (p.replicate_deferred) {
     u.partial = u.partial.defined() ? u.partial.add_(p.output) : p.output;
   } else {

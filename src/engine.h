@@ -188,6 +188,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void reduce_grad(UnitState& u);
   void complete_reduce(UnitState& u);
   void settle_finished_reduces();
+  void release_reduce_input(PendingReduce& p);  // its reduce-scatter is done
   UnitState* unit_after_in_forward(int64_t position) const;
   UnitState* unit_before_in_forward(const UnitState& u) const;
   void alloc_storage(at::Tensor& t);
