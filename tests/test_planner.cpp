@@ -225,6 +225,29 @@ TEST(Planner, PresetsParseAndRoundTrip) {
   EXPECT_NEAR(double(model_preset("llama3-8b").parameters()), 8.03e9, 1e7);
 }
 
+// FLOPs per token by hand for a two-block Llama-shaped model: h 8, 2 heads, SwiGLU width 16,
+// vocab 10, sequence 4. Block: 2h^2 + 2h*8 (k, v) + 3h*16 + two norms = 656; root: embedding 80,
+// final norm 8, head 80. Matmul parameters N = 1480 - 80 (the embedding lookup) = 1400; head
+// forward 2*10*8 = 160; blocks forward 2*(1400 - 80) = 2640 plus attention 4 L h s = 256, the
+// whole score matrix whether or not the kernel is fused (NOTE [planner cost model]).
+TEST(Planner, FlopsPerTokenByHand) {
+  ModelSpec m;
+  m.layers = 2;
+  m.hidden = 8;
+  m.heads = 2;
+  m.ffn_hidden = 16;
+  m.vocab = 10;
+  m.seq_len = 4;
+  m.gated_mlp = true;
+  ASSERT_EQ(m.parameters(), 1480);
+  for (bool fused : {false, true}) {
+    m.stores_attention_scores = !fused;
+    EXPECT_DOUBLE_EQ(m.flops_per_token(Recompute::kNone), 3.0 * (160 + 2640 + 256));
+    EXPECT_DOUBLE_EQ(m.flops_per_token(Recompute::kSelective), 3.0 * (160 + 2640 + 256) + 256);
+    EXPECT_DOUBLE_EQ(m.flops_per_token(Recompute::kFull), 4.0 * (2640 + 256) + 3.0 * 160);
+  }
+}
+
 TEST(Planner, ActivationsFollowKorthikanti) {
   ModelSpec m = model_preset("small");  // stores attention scores
   const double s = double(m.seq_len), h = double(m.hidden), a = double(m.heads), L = double(m.layers);
@@ -244,11 +267,14 @@ namespace fsdp {
 namespace {
 
 // The published-run checks the issue sets, read from the page the planner generates (its
-// misses are documented there and not asserted: ZeRO++'s 400 Gb/s band, IBM 70B by ~1 point).
+// misses are documented there and not asserted: HYBRID_SHARD against ZeRO++'s 400 Gb/s gain,
+// IBM 70B by ~1 point).
 TEST(Planner, PublishedRunChecks) {
   const std::string page = published_comparison();
   for (const char* check : {"within 15%: yes", "under 5%: yes", "not by a wide margin (< 5%): yes",
-                            "grows as the bandwidth falls: yes", "as tokens per GPU fall: yes"}) {
+                            "grows as the bandwidth falls: yes", "as tokens per GPU fall: yes",
+                            "without prefetch within 20% of every published point: yes",
+                            "ZeRO++'s bytes at 400 Gb/s within 0.15 of 1.24-1.36x: yes"}) {
     EXPECT_NE(page.find(check), std::string::npos) << check;
   }
   // IBM/Meta: HSDP feasible for 7B and 13B, not for 34B and 70B; 13B and 34B within 20%.
