@@ -144,47 +144,8 @@ struct Attempt {
   std::string report;      // the one line naming the culprit ("" when all succeeded)
 };
 
-// Test hook (see tests): FSDP_TEST_KILL_RANK="R:S" SIGKILLs local rank R of the first attempt S
-// seconds after it started; "R:PATH" does so as soon as PATH exists (e.g. a checkpoint), so
-// restart tests need no timing in the program under test.
-struct TestKill {
-  int64_t local_rank = -1;
-  std::chrono::milliseconds after{0};
-  std::string when_exists;
-};
-
-TestKill test_kill_from_env() {
-  TestKill k;
-  const char* v = std::getenv("FSDP_TEST_KILL_RANK");
-  if (!v) return k;
-  const std::string text(v);
-  const size_t colon = text.find(':');
-  auto bad = [&]() {
-    return Error(detail::cat("FSDP_TEST_KILL_RANK='", text,
-                             "' is not LOCAL_RANK:SECONDS or LOCAL_RANK:PATH; fix or unset it"));
-  };
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) throw bad();
-  const std::string rank = text.substr(0, colon), when = text.substr(colon + 1);
-  if (rank.find_first_not_of("0123456789") != std::string::npos || rank.size() > 6) throw bad();
-  k.local_rank = std::stoll(rank);
-  if (when.find('/') != std::string::npos) {
-    k.when_exists = when;
-    return k;
-  }
-  char* end = nullptr;
-  const double seconds = std::strtod(when.c_str(), &end);
-  if (!end || *end != '\0' || !(seconds >= 0) || seconds > 1e6) throw bad();
-  k.after = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  return k;
-}
-
-bool test_kill_due(const TestKill& k, std::chrono::steady_clock::duration running) {
-  if (!k.when_exists.empty()) return ::access(k.when_exists.c_str(), F_OK) == 0;
-  return running >= k.after;
-}
-
 Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vector<char*>& cargv,
-                    const EnvMap& base, int port, int64_t attempt, const TestKill& test_kill) {
+                    const EnvMap& base, int port, int64_t attempt) {
   std::vector<Child> children(opts.nproc_per_node);
   const int64_t world = opts.nproc_per_node * opts.num_nodes;
   const pid_t supervisor = ::getpid();
@@ -244,10 +205,9 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
   }
 
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point started = Clock::now();
   int64_t running = opts.nproc_per_node;
   std::vector<int64_t> failed;  // indices into children, in the order they were reaped
-  bool stopping = false, test_killed = false;
+  bool stopping = false;
   int stop_signal = 0;
   Clock::time_point first_failure_at{}, term_sent_at{};
   bool term_sent = false, kill_sent = false;
@@ -293,13 +253,6 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
       for (auto& c : children) {
         if (c.running) ::kill(c.pid, sig);
       }
-    }
-    if (test_kill.local_rank >= 0 && !test_killed && attempt == 0 &&
-        test_kill.local_rank < opts.nproc_per_node &&
-        test_kill_due(test_kill, Clock::now() - started)) {
-      test_killed = true;
-      const Child& victim = children[test_kill.local_rank];
-      if (victim.running) ::kill(victim.pid, SIGKILL);
     }
     // Give the other ranks a moment to report too, so the root cause (e.g. the rank that was
     // killed, not the ranks that then lost their connection to it) can be named.
@@ -381,7 +334,6 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
   FSDP_CHECK(!argv.empty(), "no program to launch; usage: fsdp-run [options] -- program args");
   validate(opts);
   const std::string exe = resolve_executable(executable.empty() ? argv[0] : executable);
-  const TestKill test_kill = test_kill_from_env();
   int port = opts.master_port;
   if (port == 0) {
     port = try_bind(0);
@@ -397,7 +349,7 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
   // Variables of other launchers would contradict ours in the ranks (see detect_cluster).
   for (const char* var : {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_PROCID",
                           "SLURM_STEP_ID", "SLURM_STEPID", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_SIZE", "FSDP_TEST_KILL_RANK"}) {
+                          "OMPI_COMM_WORLD_SIZE"}) {
     base.erase(var);
   }
 
@@ -407,7 +359,7 @@ int supervise(const LaunchOptions& opts, const std::vector<std::string>& argv,
 
   StopSignals signals;
   for (int64_t attempt = 0;; ++attempt) {
-    Attempt a = run_attempt(opts, exe, cargv, base, port, attempt, test_kill);
+    Attempt a = run_attempt(opts, exe, cargv, base, port, attempt);
     if (a.code == 0) return 0;
     if (a.interrupted || attempt >= opts.max_restarts) {
       write_line(a.report);

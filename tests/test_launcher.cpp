@@ -474,14 +474,17 @@ TEST(Launcher, MaxRestartsRestartsEveryRank) {
   EXPECT_EQ(count(r.output, "restarting"), 0) << r.output;
 }
 
-// fsdp-train --devices 4 with rank 3 SIGKILLed mid-run (the launcher's test hook): the supervisor
+// fsdp-train --devices 4 with rank 3 SIGKILLed mid-run (by the test, from outside): the supervisor
 // names rank 3 and exits 128+9; the ranks' error lines never run into each other.
 TEST(Launcher, TrainKilledRankIsNamedAndLinesStayWhole) {
   const std::string train = tool_dir() + "/fsdp-train";
   for (int trial = 0; trial < 2; ++trial) {
-    auto r = run({train, "--devices", "4", "--strategy", "hybrid_shard", "--mesh", "2,2",
-                  "--model", "tiny", "--steps", "100000", "--quiet", "--timeout", "30"},
-                 {{"FSDP_TEST_KILL_RANK", "3:4"}}, 90s);
+    Process p({train, "--devices", "4", "--strategy", "hybrid_shard", "--mesh", "2,2",
+               "--model", "tiny", "--steps", "100000", "--quiet", "--timeout", "30"});
+    const auto started = std::chrono::steady_clock::now();
+    const auto four_seconds_in = [&] { return std::chrono::steady_clock::now() - started > 4s; };
+    EXPECT_GT(kill_local_rank_when(p, 3, four_seconds_in, 60s), 0);
+    auto r = p.wait(60s);
     ASSERT_FALSE(r.timed_out) << r.output;
     EXPECT_EQ(r.exit_code(), 128 + 9) << r.output;
     EXPECT_NE(r.output.find("fsdp-train: rank 3 (local rank 3, pid"), std::string::npos)
@@ -546,9 +549,13 @@ TEST(Launcher, TrainRestartResumesWithIdenticalLosses) {
   };
   auto ref = run(with({"--metrics", dir + "/ref.jsonl"}), {}, 120s);
   ASSERT_EQ(ref.exit_code(), 0) << ref.output;
-  auto r = run(with({"--max-restarts", "1", "--checkpoint-dir", dir + "/ckpt",
-                     "--checkpoint-every", "2", "--resume", "--metrics", dir + "/run.jsonl"}),
-               {{"FSDP_TEST_KILL_RANK", "3:" + dir + "/ckpt/step-00000002"}}, 180s);
+  // Rank 3 dies right after the step-2 checkpoint appears, so the restart has one to resume.
+  Process p(with({"--max-restarts", "1", "--checkpoint-dir", dir + "/ckpt", "--checkpoint-every",
+                  "2", "--resume", "--metrics", dir + "/run.jsonl"}));
+  const std::string step2 = dir + "/ckpt/step-00000002";
+  EXPECT_GT(kill_local_rank_when(p, 3, [&] { return ::access(step2.c_str(), F_OK) == 0; }, 120s),
+            0);
+  auto r = p.wait(120s);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("fsdp-train: rank 3 (local rank 3, pid"), std::string::npos) << r.output;

@@ -273,6 +273,38 @@ std::vector<int> children_of(int pid, size_t n) {
   return pids;
 }
 
+namespace {
+// The value of `var` in /proc/PID/environ ("" when unset or the process is gone).
+std::string environ_value(int pid, const std::string& var) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  const std::string prefix = var + "=";
+  for (std::string entry; std::getline(in, entry, '\0');) {
+    if (entry.compare(0, prefix.size(), prefix) == 0) return entry.substr(prefix.size());
+  }
+  return "";
+}
+}  // namespace
+
+int kill_local_rank_when(const Process& launcher, int local_rank,
+                         const std::function<bool()>& due, std::chrono::milliseconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  const std::string path = "/proc/" + std::to_string(launcher.pid()) + "/task/" +
+                           std::to_string(launcher.pid()) + "/children";
+  const std::string want = std::to_string(local_rank);
+  while (std::chrono::steady_clock::now() < until) {
+    if (due()) {
+      std::ifstream in(path);
+      for (int child; in >> child;) {
+        if (environ_value(child, "LOCAL_RANK") == want && ::kill(child, SIGKILL) == 0) {
+          return child;
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return -1;
+}
+
 std::map<int64_t, double> metrics_losses(const std::string& file) {
   std::map<int64_t, double> out;
   std::ifstream in(file);

@@ -92,6 +92,13 @@ int free_port();
 // The pids of `pid`'s children, polled until there are `n` (for at most 30 s).
 std::vector<int> children_of(int pid, size_t n);
 
+// Fault injection from outside the program under test (the library carries no test switch): once
+// `due()` holds, SIGKILLs the child of `launcher` (an fsdp-run or fsdp-train --devices supervisor)
+// that runs local rank `local_rank`, found by LOCAL_RANK in its environment. Polls every 5 ms for
+// at most `deadline`; returns the killed pid, or -1 if `due()` never held or the rank never ran.
+int kill_local_rank_when(const Process& launcher, int local_rank,
+                         const std::function<bool()>& due, std::chrono::milliseconds deadline);
+
 // step -> loss of an fsdp-train --metrics file (JSON Lines).
 std::map<int64_t, double> metrics_losses(const std::string& file);
 
