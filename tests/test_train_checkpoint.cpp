@@ -7,8 +7,10 @@
 #include <sys/stat.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -88,14 +90,26 @@ bool wait_for(const std::function<bool()>& cond, std::chrono::seconds within) {
   return cond();
 }
 
+// The environment that preloads the slow-disk shim: fsync and fdatasync sleep `ms` first. A
+// sanitizer build's runtime must still come first in the library list, so ASan is told not to
+// insist.
+std::map<std::string, std::string> slow_disk(int ms) {
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  return {{"LD_PRELOAD", FSDP_SLOW_FSYNC_LIB},
+          {"FSDP_FAULT_FSYNC_DELAY_MS", std::to_string(ms)},
+          {"ASAN_OPTIONS", std::string(asan ? asan : "") + (asan ? ":" : "") +
+                               "verify_asan_link_order=0"}};
+}
+
 TEST(TrainCheckpoint, RankKilledDuringSaveLeavesThePreviousCheckpoint) {
   TempDir tmp;
   const std::string dir = tmp / "ck";
   {
-    // Writers pause 1.5 s after their shard file: step 3's save completes; step 6's is killed.
+    // A slow disk, injected from outside (tests/faults/slow_fsync.cpp): every fsync takes 1.5 s,
+    // so step 3's save completes and step 6's is killed while it is in flight.
     Process p(args({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
                     "--checkpoint-every=3"}),
-              {{"FSDP_TEST_CHECKPOINT_PAUSE_MS", "1500"}});
+              slow_disk(1500));
     const auto ranks = children_of(p.pid(), 2);
     ASSERT_EQ(ranks.size(), 2u);
     ASSERT_TRUE(wait_for([&] { return fs::exists(dir + "/step-00000006.partial/shard-0.bin"); }, 120s));
