@@ -1,9 +1,12 @@
 // Sharded and full checkpoints (see fsdp/checkpoint.h, NOTE [checkpoint format]).
 #include "fsdp/checkpoint.h"
+#include "fsdp/async_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -12,6 +15,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
@@ -273,6 +277,12 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
 
 std::string shard_file_name(int64_t s) { return cat("shard-", s, ".bin"); }
 
+// The size of chunk `c` in its file.
+int64_t chunk_bytes(const Chunk& c, const Layout& L) {
+  return (c.end - c.begin) *
+         static_cast<int64_t>(c10::elementSize(L.entries[static_cast<size_t>(c.tensor)].dtype));
+}
+
 // The bytes of chunk `c` on its writer.
 at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
                       const torch::optim::Optimizer* o, const OptimizerKind* kind) {
@@ -404,30 +414,51 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
-CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& model,
-                               const torch::optim::Optimizer* optimizer,
-                               const TrainingState& state, const CheckpointOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Engine& e = *detail::engine_of(model);
-  Runtime& rt = *e.runtime();
-  const std::string what = cat("saving checkpoint '", path, "'");
-  FSDP_CHECK(!path.empty(), "save_checkpoint: the path is empty");
-  const std::string partial = path + ".partial";
+namespace {
 
-  // 1. Validate (pure, every rank) and prepare the directory (rank 0).
+// A sharded save between its phases (NOTE [async checkpoint] in fsdp/async_checkpoint.h):
+// prepare_save (collective), write_shard_file (local, any thread), commit_save (collective).
+struct PendingSave {
+  std::string path, partial, what;
+  Runtime* rt = nullptr;
+  std::shared_ptr<Engine> engine;  // keeps the chunks' unit pointers valid
+  Layout layout;
   std::optional<OptimizerKind> kind;
+  std::vector<double> lrs;
   std::string meta_state;
+  int64_t s_index = 0;
+  bool writer = false;
+  at::Tensor crcs;  // per chunk its CRC, then per file its CRC (summed over ranks at commit)
+  at::Tensor rng;   // this rank's generator state at the save
+  std::chrono::steady_clock::time_point t0;
+};
+
+// 1. Validate (pure, every rank) and prepare the directory (rank 0). Store only.
+PendingSave prepare_save(const std::string& path, FullyShardedModule& model,
+                         const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                         const CheckpointOptions& options) {
+  PendingSave p;
+  p.t0 = std::chrono::steady_clock::now();
+  p.engine = detail::engine_of(model);
+  Engine& e = *p.engine;
+  p.rt = e.runtime().get();
+  Runtime& rt = *p.rt;
+  p.path = path;
+  p.what = cat("saving checkpoint '", path, "'");
+  FSDP_CHECK(!path.empty(), "save_checkpoint: the path is empty");
+  p.partial = path + ".partial";
   std::string err = capture([&] {
     if (optimizer) {
-      kind = optimizer_kind(*optimizer);
+      p.kind = optimizer_kind(*optimizer);
       check_optimizer_params(*optimizer, e);
+      for (const auto& g : optimizer->param_groups()) p.lrs.push_back(g.options().get_lr());
     }
     json s;
     s["step"] = state.step;
     s["values"] = json::object();
     for (const auto& [k, v] : state.values) s["values"][k] = v;
     try {
-      meta_state = s.dump();
+      p.meta_state = s.dump();
     } catch (const json::exception&) {
       throw Error("TrainingState values must be UTF-8 text; encode binary data (e.g. as hex)");
     }
@@ -436,156 +467,291 @@ CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& mode
       fs::create_directories(parent_dir(path), ec);
       FSDP_CHECK(!ec, "cannot create the directory '", parent_dir(path), "': ", ec.message(),
                  "; choose a writable place");
-      fs::remove_all(partial, ec);
-      FSDP_CHECK(!ec, "cannot remove the leftover '", partial, "': ", ec.message());
-      FSDP_CHECK(::mkdir(partial.c_str(), 0755) == 0, "cannot create '", partial, "': ",
+      fs::remove_all(p.partial, ec);
+      FSDP_CHECK(!ec, "cannot remove the leftover '", p.partial, "': ", ec.message());
+      FSDP_CHECK(::mkdir(p.partial.c_str(), 0755) == 0, "cannot create '", p.partial, "': ",
                  errno_text(), "; check that the directory is writable");
     }
   });
-  rt.check_all_ok(what, err);
+  rt.check_all_ok(p.what, err);
+  p.layout = make_layout(e, optimizer, p.kind ? &*p.kind : nullptr);
+  p.s_index = e.shard_group()->rank();
+  p.writer = e.replicate_group()->rank() == 0;
+  const auto chunks = static_cast<int64_t>(p.layout.chunks.size());
+  p.crcs = at::zeros({chunks + e.shard_group()->size()}, at::TensorOptions().dtype(at::kLong));
+  if (options.rng) p.rng = cpu_rng_state().contiguous().clone();
+  return p;
+}
 
-  // 2. Writers (the replica-0 member of each shard index) write their shard file.
-  const Layout L = make_layout(e, optimizer, kind ? &*kind : nullptr);
-  const int64_t s_index = e.shard_group()->rank();
-  const bool writer = e.replicate_group()->rank() == 0;
-  const auto chunks = static_cast<int64_t>(L.chunks.size());
-  const int64_t S = e.shard_group()->size();
-  // Per chunk its CRC, then per file its CRC: summed over ranks (each value comes from one writer).
-  at::Tensor crcs = at::zeros({chunks + S}, at::TensorOptions().dtype(at::kLong));
-  err = capture([&] {
+// The chunks of the file this rank writes (none unless it is its shard index's writer), in
+// file order.
+std::vector<int64_t> my_chunks(const PendingSave& p) {
+  std::vector<int64_t> out;
+  if (!p.writer) return out;
+  for (size_t i = 0; i < p.layout.chunks.size(); ++i) {
+    if (p.layout.chunks[i].file == p.s_index) out.push_back(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
+// 2. The writer of each shard index writes its file from `bytes(chunk)` (the chunk's data,
+// layout.chunks[chunk] long) and fsyncs it. Local: no collective, no model access unless
+// `bytes` reads the model. Returns "" or the error message.
+std::string write_shard_file(PendingSave& p,
+                             const std::function<const void*(int64_t chunk)>& bytes) {
+  return capture([&] {
     struct stat st {};
-    FSDP_CHECK(::stat(partial.c_str(), &st) == 0, "rank ", rt.rank(), " cannot see '", partial,
-               "', which rank 0 created; every rank must see the same checkpoint directory "
-               "(use a shared filesystem on several nodes)");
-    if (!writer) return;
-    File f(partial + "/" + shard_file_name(s_index), O_WRONLY | O_CREAT | O_TRUNC);
-    auto* c = crcs.data_ptr<int64_t>();
+    FSDP_CHECK(::stat(p.partial.c_str(), &st) == 0, "rank ", p.rt->rank(), " cannot see '",
+               p.partial, "', which rank 0 created; every rank must see the same checkpoint "
+               "directory (use a shared filesystem on several nodes)");
+    if (!p.writer) return;
+    File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
+    auto* c = p.crcs.data_ptr<int64_t>();
     uint32_t file_crc = 0;
-    for (int64_t i = 0; i < chunks; ++i) {
-      const Chunk& ch = L.chunks[static_cast<size_t>(i)];
-      if (ch.file != s_index) continue;
-      at::Tensor data = chunk_data(ch, L, e, optimizer, kind ? &*kind : nullptr);
-      const int64_t n = data.numel() * static_cast<int64_t>(data.element_size());
-      const uint32_t crc = crc32_of(data.data_ptr(), n);
+    for (int64_t i : my_chunks(p)) {
+      const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
+      const int64_t n = chunk_bytes(ch, p.layout);
+      const void* data = bytes(i);
+      const uint32_t crc = crc32_of(data, n);
       c[i] = crc;
       file_crc = static_cast<uint32_t>(::crc32_combine(file_crc, crc, static_cast<z_off_t>(n)));
-      f.write(data.data_ptr(), n);
+      f.write(data, n);
     }
-    c[chunks + s_index] = file_crc;
+    c[static_cast<int64_t>(p.layout.chunks.size()) + p.s_index] = file_crc;
     f.sync_and_close();
-    // Fault-injection tests kill a rank here, between the shard files and meta.json.
-    if (const char* pause = std::getenv("FSDP_TEST_CHECKPOINT_PAUSE_MS")) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(pause)));
-    }
   });
-  rt.check_all_ok(what, err);
+}
 
-  // 3. Collect the CRCs and every rank's RNG state (collectives: every rank got here).
-  if (rt.world_size() > 1) rt.world()->all_reduce(crcs)->wait();
-  at::Tensor rng;
-  if (options.rng) {
-    at::Tensor mine = cpu_rng_state().contiguous();
-    rng = at::empty({rt.world_size() * mine.numel()}, mine.options());
-    if (rt.world_size() > 1) {
-      rt.world()->all_gather(rng, mine)->wait();
-    } else {
-      rng.copy_(mine);
-    }
+// Sums (or, for all_gather, concatenates) a small CPU tensor over the world on the runtime's
+// device: ProcessGroupNCCL takes device tensors only.
+at::Tensor world_sum(Runtime& rt, const at::Tensor& t) {
+  if (rt.world_size() == 1) return t;
+  at::Tensor d = t.to(rt.device());
+  rt.world()->all_reduce(d)->wait();
+  return d.cpu();
+}
+at::Tensor world_gather(Runtime& rt, const at::Tensor& mine) {
+  if (rt.world_size() == 1) return mine.clone();
+  at::Tensor d = mine.to(rt.device());
+  at::Tensor all = at::empty({rt.world_size() * mine.numel()}, d.options());
+  rt.world()->all_gather(all, d)->wait();
+  return all.cpu();
+}
+
+// 4a. meta.json (NOTE [checkpoint format]) for a save whose files are written.
+json save_meta(const PendingSave& p, const at::Tensor& crcs, const at::Tensor& rng,
+               int64_t& total_bytes) {
+  const Engine& e = *p.engine;
+  const Runtime& rt = *p.rt;
+  const Layout& L = p.layout;
+  const auto chunks = static_cast<int64_t>(L.chunks.size());
+  json meta;
+  meta["format"] = kCheckpointFormatName;
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["world_size"] = rt.world_size();
+  meta["strategy"] = to_string(e.plan().strategy);
+  meta["mesh"] = {e.plan().replicate_size(), e.plan().shard_size()};
+  meta["state"] = json::parse(p.meta_state);
+  meta["optimizer"] = p.kind ? json{{"type", p.kind->name}, {"lr", p.lrs}} : json(nullptr);
+  json jfiles = json::array();
+  const auto* c = crcs.data_ptr<int64_t>();
+  for (size_t s = 0; s < L.file_bytes.size(); ++s) {
+    jfiles.push_back({{"name", shard_file_name(static_cast<int64_t>(s))},
+                      {"bytes", L.file_bytes[s]},
+                      {"crc32", static_cast<uint32_t>(c[chunks + static_cast<int64_t>(s)])}});
+    total_bytes += L.file_bytes[s];
   }
+  if (rng.defined()) {
+    const int64_t n = rng.numel();
+    jfiles.push_back({{"name", "rng.bin"}, {"bytes", n}, {"crc32", crc32_of(rng.data_ptr(), n)}});
+    meta["rng"] = {{"file", "rng.bin"}, {"world_size", rt.world_size()},
+                   {"bytes_per_rank", n / rt.world_size()}};
+    total_bytes += n;
+  } else {
+    meta["rng"] = nullptr;
+  }
+  meta["files"] = jfiles;
+  std::vector<json> by_entry(L.entries.size());
+  for (size_t i = 0; i < L.entries.size(); ++i) {
+    const TensorEntry& t = L.entries[i];
+    json jt;
+    jt["name"] = t.name;
+    jt["kind"] = t.kind;
+    if (t.kind == "optim") jt["field"] = t.field;
+    jt["dtype"] = dtype_name(t.dtype);
+    jt["shape"] = t.shape;
+    if (!t.aliases.empty()) jt["aliases"] = t.aliases;
+    if (t.kind == "param") {
+      jt["optim_state"] = t.optim_state;
+      jt["optim_step"] = t.optim_step ? json(*t.optim_step) : json(nullptr);
+    }
+    jt["chunks"] = json::array();
+    by_entry[i] = jt;
+  }
+  for (int64_t i = 0; i < chunks; ++i) {
+    const Chunk& ch = L.chunks[static_cast<size_t>(i)];
+    by_entry[static_cast<size_t>(ch.tensor)]["chunks"].push_back(
+        {{"file", shard_file_name(ch.file)}, {"offset", ch.offset}, {"begin", ch.begin},
+         {"end", ch.end}, {"crc32", static_cast<uint32_t>(c[i])}});
+  }
+  json tensors = json::array();
+  for (auto& jt : by_entry) tensors.push_back(std::move(jt));
+  meta["tensors"] = std::move(tensors);
+  return meta;
+}
 
-  // 4. Rank 0 writes rng.bin and meta.json, then renames the directory into place.
+// 4b. Rank 0 moves the finished directory into place. An existing checkpoint at the path (a
+// re-save of the same step) is moved aside first and removed after.
+void rename_checkpoint_into_place(const std::string& partial, const std::string& path) {
+  sync_dir(partial);
+  std::error_code ec;
+  const std::string old = path + ".old";
+  fs::remove_all(old, ec);
+  const bool replace = fs::exists(path);
+  if (replace) {
+    FSDP_CHECK(::rename(path.c_str(), old.c_str()) == 0, "cannot move the existing '", path,
+               "' aside: ", errno_text());
+  }
+  FSDP_CHECK(::rename(partial.c_str(), path.c_str()) == 0, "cannot rename '", partial, "' to '",
+             path, "': ", errno_text());
+  sync_dir(parent_dir(path));
+  if (replace) fs::remove_all(old, ec);
+}
+
+// 3 and 4. Every rank reports how its write went (a failure anywhere stops the save on every
+// rank); the CRCs and every rank's RNG state are collected; rank 0 writes rng.bin and meta.json
+// and renames the directory into place. Collective.
+CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
+  Runtime& rt = *p.rt;
+  rt.check_all_ok(p.what, write_error);
+  const at::Tensor crcs = world_sum(rt, p.crcs);
+  const at::Tensor rng = p.rng.defined() ? world_gather(rt, p.rng) : at::Tensor();
   int64_t total_bytes = 0, files = 0;
-  err = capture([&] {
+  std::string err = capture([&] {
     if (rt.rank() != 0) return;
-    json meta;
-    meta["format"] = kCheckpointFormatName;
-    meta["format_version"] = kCheckpointFormatVersion;
-    meta["world_size"] = rt.world_size();
-    meta["strategy"] = to_string(e.plan().strategy);
-    meta["mesh"] = {e.plan().replicate_size(), e.plan().shard_size()};
-    meta["state"] = json::parse(meta_state);
-    if (kind) {
-      std::vector<double> lrs;
-      for (const auto& g : optimizer->param_groups()) lrs.push_back(g.options().get_lr());
-      meta["optimizer"] = {{"type", kind->name}, {"lr", lrs}};
-    } else {
-      meta["optimizer"] = nullptr;
-    }
-    json jfiles = json::array();
-    const auto* c = crcs.data_ptr<int64_t>();
-    for (int64_t s = 0; s < S; ++s) {
-      jfiles.push_back({{"name", shard_file_name(s)},
-                        {"bytes", L.file_bytes[static_cast<size_t>(s)]},
-                        {"crc32", static_cast<uint32_t>(c[chunks + s])}});
-      total_bytes += L.file_bytes[static_cast<size_t>(s)];
-    }
     if (rng.defined()) {
-      const int64_t n = rng.numel();
-      File f(partial + "/rng.bin", O_WRONLY | O_CREAT | O_TRUNC);
-      f.write(rng.data_ptr(), n);
+      File f(p.partial + "/rng.bin", O_WRONLY | O_CREAT | O_TRUNC);
+      f.write(rng.data_ptr(), rng.numel());
       f.sync_and_close();
-      jfiles.push_back({{"name", "rng.bin"}, {"bytes", n}, {"crc32", crc32_of(rng.data_ptr(), n)}});
-      meta["rng"] = {{"file", "rng.bin"}, {"world_size", rt.world_size()},
-                     {"bytes_per_rank", n / rt.world_size()}};
-      total_bytes += n;
-    } else {
-      meta["rng"] = nullptr;
     }
-    meta["files"] = jfiles;
-    json tensors = json::array();
-    std::vector<json> by_entry(L.entries.size());
-    for (size_t i = 0; i < L.entries.size(); ++i) {
-      const TensorEntry& t = L.entries[i];
-      json jt;
-      jt["name"] = t.name;
-      jt["kind"] = t.kind;
-      if (t.kind == "optim") jt["field"] = t.field;
-      jt["dtype"] = dtype_name(t.dtype);
-      jt["shape"] = t.shape;
-      if (!t.aliases.empty()) jt["aliases"] = t.aliases;
-      if (t.kind == "param") {
-        jt["optim_state"] = t.optim_state;
-        jt["optim_step"] = t.optim_step ? json(*t.optim_step) : json(nullptr);
-      }
-      jt["chunks"] = json::array();
-      by_entry[i] = jt;
-    }
-    for (int64_t i = 0; i < chunks; ++i) {
-      const Chunk& ch = L.chunks[static_cast<size_t>(i)];
-      by_entry[static_cast<size_t>(ch.tensor)]["chunks"].push_back(
-          {{"file", shard_file_name(ch.file)}, {"offset", ch.offset}, {"begin", ch.begin},
-           {"end", ch.end}, {"crc32", static_cast<uint32_t>(c[i])}});
-    }
-    for (auto& jt : by_entry) tensors.push_back(std::move(jt));
-    meta["tensors"] = std::move(tensors);
+    json meta = save_meta(p, crcs, rng, total_bytes);
+    files = static_cast<int64_t>(meta["files"].size()) + 1;
     const std::string text = meta.dump(1);
-    write_file_atomically(partial + "/meta.json", text);
+    write_file_atomically(p.partial + "/meta.json", text);
     total_bytes += static_cast<int64_t>(text.size());
-    files = static_cast<int64_t>(jfiles.size()) + 1;
-    sync_dir(partial);
-    // Into place. An existing checkpoint at `path` (a re-save of the same step) is moved aside
-    // first and removed after.
-    std::error_code ec;
-    const std::string old = path + ".old";
-    fs::remove_all(old, ec);
-    const bool replace = fs::exists(path);
-    if (replace) {
-      FSDP_CHECK(::rename(path.c_str(), old.c_str()) == 0, "cannot move the existing '", path,
-                 "' aside: ", errno_text());
-    }
-    FSDP_CHECK(::rename(partial.c_str(), path.c_str()) == 0, "cannot rename '", partial, "' to '",
-               path, "': ", errno_text());
-    sync_dir(parent_dir(path));
-    if (replace) fs::remove_all(old, ec);
+    rename_checkpoint_into_place(p.partial, p.path);
   });
-  rt.check_all_ok(what, err);
+  rt.check_all_ok(p.what, err);
   CheckpointInfo info;
-  info.path = path;
+  info.path = p.path;
   info.bytes = total_bytes;
   info.files = files;
-  info.seconds = seconds_since(t0);
+  info.seconds = seconds_since(p.t0);
   return info;
 }
+
+}  // namespace
+
+CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& model,
+                               const torch::optim::Optimizer* optimizer,
+                               const TrainingState& state, const CheckpointOptions& options) {
+  PendingSave p = prepare_save(path, model, optimizer, state, options);
+  const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
+  at::Tensor current;  // the chunk being written, alive until the next one
+  const std::string err = write_shard_file(p, [&](int64_t i) {
+    current = chunk_data(p.layout.chunks[static_cast<size_t>(i)], p.layout, *p.engine,
+                         optimizer, kind);
+    return static_cast<const void*>(current.data_ptr());
+  });
+  return commit_save(p, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous save (fsdp/async_checkpoint.h, NOTE [async checkpoint])
+
+struct AsyncCheckpointer::Impl {
+  std::optional<PendingSave> pending;
+  at::Tensor staging;  // bytes, kept between saves
+  std::thread writer;
+  std::atomic<bool> written{false};
+  std::string write_error;  // set by the writer thread before `written`
+  std::string pending_path;
+  double last_blocked = 0;
+
+  void join() {
+    if (writer.joinable()) writer.join();
+  }
+  CheckpointInfo commit() {
+    join();
+    PendingSave p = std::move(*pending);
+    pending.reset();
+    pending_path.clear();
+    return commit_save(p, write_error);
+  }
+};
+
+AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() { impl_->join(); }
+
+void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
+                             const torch::optim::Optimizer* optimizer,
+                             const TrainingState& state, const CheckpointOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  if (m.pending) m.commit();
+  m.pending = prepare_save(path, model, optimizer, state, options);
+  m.pending_path = path;
+  PendingSave& p = *m.pending;
+  // Stage this rank's file, laid out as on disk, so the writer needs nothing else.
+  const std::vector<int64_t> mine = my_chunks(p);
+  const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
+  if (!m.staging.defined() || m.staging.numel() < bytes) {
+    m.staging = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(
+                                       p.rt->device().is_cuda()));
+  }
+  const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
+  auto* base = m.staging.data_ptr<uint8_t>();
+  for (int64_t i : mine) {
+    const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
+    at::Tensor src = chunk_data(ch, p.layout, *p.engine, optimizer, kind);
+    std::memcpy(base + ch.offset, src.data_ptr(), static_cast<size_t>(chunk_bytes(ch, p.layout)));
+  }
+  // Write in the background (NOTE [async checkpoint]): files only, no collective.
+  m.written = false;
+  m.write_error.clear();
+  m.writer = std::thread([&m, base] {
+    // Below the training threads: the write waits for the disk, not for the CPU.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    m.write_error = write_shard_file(*m.pending, [&](int64_t i) -> const void* {
+      return base + m.pending->layout.chunks[static_cast<size_t>(i)].offset;
+    });
+    m.written = true;
+  });
+  m.last_blocked = seconds_since(t0);
+}
+
+std::optional<CheckpointInfo> AsyncCheckpointer::poll() {
+  Impl& m = *impl_;
+  if (!m.pending) return std::nullopt;
+  Runtime& rt = *m.pending->rt;
+  const at::Tensor done = at::full({1}, m.written ? 1 : 0, at::TensorOptions().dtype(at::kLong));
+  if (world_sum(rt, done).item<int64_t>() < rt.world_size()) return std::nullopt;
+  return m.commit();
+}
+
+std::optional<CheckpointInfo> AsyncCheckpointer::wait() {
+  Impl& m = *impl_;
+  if (!m.pending) return std::nullopt;
+  return m.commit();
+}
+
+bool AsyncCheckpointer::in_flight() const { return impl_->pending.has_value(); }
+const std::string& AsyncCheckpointer::in_flight_path() const { return impl_->pending_path; }
+int64_t AsyncCheckpointer::staging_bytes() const {
+  return impl_->staging.defined() ? impl_->staging.numel() : 0;
+}
+double AsyncCheckpointer::last_blocked_seconds() const { return impl_->last_blocked; }
 
 CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "fsdp/activation_checkpoint.h"
+#include "fsdp/async_checkpoint.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"

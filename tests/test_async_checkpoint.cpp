@@ -1,0 +1,190 @@
+// fsdp::AsyncCheckpointer (fsdp/async_checkpoint.h), ranks as threads over Gloo: the files of a
+// background save equal save_checkpoint's byte for byte although training changed the model
+// before the write finished; poll() commits only once every rank has written; a failed
+// background write is raised on every rank and leaves the previous checkpoint the latest one;
+// the staging buffer is kept between saves.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "fsdp/async_checkpoint.h"
+#include "fsdp/error.h"
+#include "models.h"
+#include "testing.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kSeq = 5, kVocab = 17, kClasses = 7;
+
+std::shared_ptr<Runtime> borrow(Runtime& rt) {
+  return std::shared_ptr<Runtime>(&rt, [](Runtime*) {});
+}
+
+std::shared_ptr<NetImpl> make_net() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(7);
+  return std::make_shared<NetImpl>();
+}
+
+// One AdamW step on random data drawn from a generator seeded by (rank, step): the model changes.
+void step(ShardedModule<NetImpl>& model, torch::optim::Optimizer& opt, Runtime& rt, int64_t n) {
+  torch::Generator gen = at::detail::createCPUGenerator(100 * n + rt.rank());
+  opt.zero_grad();
+  loss_of(model(torch::randint(kVocab, {kBatch, kSeq}, gen)),
+          torch::randint(kClasses, {kBatch, kSeq}, gen))
+      .backward();
+  opt.step();
+}
+
+std::string bytes_of(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every file of directory `a` equals the same file of `b`, and they hold the same names.
+void expect_same_files(const std::string& a, const std::string& b) {
+  std::set<std::string> names_a, names_b;
+  for (const auto& f : fs::directory_iterator(a)) names_a.insert(f.path().filename());
+  for (const auto& f : fs::directory_iterator(b)) names_b.insert(f.path().filename());
+  ASSERT_EQ(names_a, names_b);
+  for (const auto& n : names_a) {
+    EXPECT_TRUE(bytes_of(fs::path(a) / n) == bytes_of(fs::path(b) / n)) << n << " differs";
+  }
+}
+
+}  // namespace
+
+// Saved in the background while three more steps change every parameter and optimizer state:
+// the checkpoint is the state at save(), byte for byte what save_checkpoint writes, and loads.
+TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
+  for (auto [strategy, mesh] : {std::pair{ShardingStrategy::kHybridShard, std::vector<int64_t>{2, 2}},
+                                std::pair{ShardingStrategy::kFullShard, std::vector<int64_t>{3}}}) {
+    TempDir tmp;
+    const std::string sync_dir = tmp / "sync", async_dir = tmp / "async";
+    const int64_t W = mesh.size() == 2 ? mesh[0] * mesh[1] : mesh[0];
+    const auto st = FSDPStrategy().sharding_strategy(strategy).device_mesh(mesh);
+    std::mutex mu;
+    std::vector<std::string> sd_after_load, sd_at_save;
+    run_ranks(W, [&](Runtime& rt) {
+      auto model = shard(make_net(), st, borrow(rt));
+      torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
+      step(model, opt, rt, 0);
+      step(model, opt, rt, 1);
+      TrainingState ts{2, {{"data", "position 16"}}};
+      save_checkpoint(sync_dir, model, &opt, ts);
+      std::ostringstream at_save;
+      for (const auto& kv : model.state_dict()) at_save << kv.key() << kv.value() << "\n";
+      AsyncCheckpointer saver;
+      saver.save(async_dir, model, &opt, ts);
+      EXPECT_TRUE(saver.in_flight());
+      EXPECT_EQ(saver.in_flight_path(), async_dir);
+      EXPECT_FALSE(fs::exists(async_dir + "/meta.json"));  // not committed before poll/wait
+      for (int64_t n = 2; n < 5; ++n) step(model, opt, rt, n);
+      std::optional<CheckpointInfo> info;
+      for (int i = 0; i < 10000 && !info; ++i) info = saver.poll();  // same count on every rank
+      if (!info) info = saver.wait();
+      ASSERT_TRUE(info.has_value());
+      EXPECT_FALSE(saver.in_flight());
+      EXPECT_EQ(info->path, async_dir);
+      if (rt.rank() == 0) EXPECT_GT(info->bytes, 0);  // rank 0 writes meta.json and counts
+      EXPECT_FALSE(saver.wait().has_value());  // nothing in flight any more
+
+      // Loaded into a fresh model: the state at save(), not the trained-on one.
+      torch::manual_seed(1000 + rt.rank());
+      auto fresh = shard(std::make_shared<NetImpl>(), st, borrow(rt));
+      torch::optim::AdamW opt2(fresh.parameters(), torch::optim::AdamWOptions(1e-2));
+      TrainingState got;
+      load_checkpoint(async_dir, fresh, &opt2, &got);
+      EXPECT_EQ(got.step, 2);
+      EXPECT_EQ(got.values.at("data"), "position 16");
+      std::ostringstream loaded;
+      for (const auto& kv : fresh.state_dict()) loaded << kv.key() << kv.value() << "\n";
+      std::lock_guard<std::mutex> lock(mu);
+      sd_at_save.push_back(at_save.str());
+      sd_after_load.push_back(loaded.str());
+    });
+    expect_same_files(sync_dir, async_dir);
+    EXPECT_EQ(sd_after_load, sd_at_save);
+  }
+}
+
+// The checkpoint directory vanishes under a background save (as if removed by an operator, or
+// the disk went away): the next wait() throws on every rank, the earlier checkpoint stays the
+// latest complete one and loads, and the checkpointer can save again.
+TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const auto st = FSDPStrategy().sharding_strategy(ShardingStrategy::kFullShard).device_mesh({2});
+  std::atomic<int> raised{0};
+  run_ranks(2, [&](Runtime& rt) {
+    auto model = shard(make_net(), st, borrow(rt));
+    torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
+    AsyncCheckpointer saver;
+    step(model, opt, rt, 0);
+    saver.save(checkpoint_path(dir, 1), model, &opt, {1});
+    ASSERT_TRUE(saver.wait().has_value());
+    step(model, opt, rt, 1);
+    saver.save(checkpoint_path(dir, 2), model, &opt, {2});
+    rt.check_all_ok("test", "");  // every rank has staged and started writing
+    if (rt.rank() == 0) fs::remove_all(checkpoint_path(dir, 2) + ".partial");
+    rt.check_all_ok("test", "");
+    try {
+      saver.wait();
+      ADD_FAILURE() << "rank " << rt.rank() << ": wait() did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("saving checkpoint '" + checkpoint_path(dir, 2)),
+                std::string::npos)
+          << e.what();
+      ++raised;
+    }
+    EXPECT_FALSE(saver.in_flight());
+    EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 1));
+    TrainingState got;
+    load_checkpoint(*latest_checkpoint(dir), model, &opt, &got);
+    EXPECT_EQ(got.step, 1);
+    // A failed save does not break the next one, and the staging buffer is reused.
+    const int64_t staging = saver.staging_bytes();
+    EXPECT_GT(staging, 0);
+    saver.save(checkpoint_path(dir, 3), model, &opt, {3});
+    EXPECT_EQ(saver.staging_bytes(), staging);
+    EXPECT_GE(saver.last_blocked_seconds(), 0.0);
+    ASSERT_TRUE(saver.wait().has_value());
+    EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 3));
+  });
+  EXPECT_EQ(raised.load(), 2);
+}
+
+// A save() while another is in flight commits the first one first: both end complete.
+TEST(AsyncCheckpoint, SaveCommitsThePreviousSaveFirst) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const auto st = FSDPStrategy().sharding_strategy(ShardingStrategy::kShardGradOp).device_mesh({2});
+  run_ranks(2, [&](Runtime& rt) {
+    auto model = shard(make_net(), st, borrow(rt));
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    AsyncCheckpointer saver;
+    for (int64_t n = 1; n <= 3; ++n) {
+      step(model, opt, rt, n);
+      saver.save(checkpoint_path(dir, n), model, &opt, {n});
+    }
+    ASSERT_TRUE(saver.wait().has_value());
+    if (rt.rank() == 0) {
+      const auto all = list_checkpoints(dir);
+      ASSERT_EQ(all.size(), 3u);
+      for (const auto& e : all) EXPECT_EQ(e.status, CheckpointStatus::kComplete) << e.path;
+      for (const auto& e : all) EXPECT_NO_THROW(verify_checkpoint(e.path)) << e.path;
+    }
+  });
+}
