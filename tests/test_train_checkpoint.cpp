@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "fsdp/checkpoint.h"
 #include "testing.h"
 
 using namespace fsdp::testing;
@@ -128,6 +130,102 @@ TEST(TrainCheckpoint, RankKilledDuringSaveLeavesThePreviousCheckpoint) {
   ASSERT_EQ(got.size(), 3u);
   for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
   EXPECT_FALSE(fs::exists(dir + "/step-00000006.partial")) << "the next save replaces the leftover";
+}
+
+// --checkpoint-async: the periodic saves at steps 2 and 4 are written in the background and the
+// summary says how long training was blocked; resuming from step 2 is bit-identical.
+TEST(TrainCheckpoint, AsyncSavesResumeBitIdentically) {
+  ASSERT_EQ(reference().size(), 6u);
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                  "--checkpoint-every=2", "--checkpoint-async"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoints            3 saved in " + dir), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("async checkpoints      2 written in the background; training blocked"),
+            std::string::npos) << r.output;
+  for (const char* step : {"2", "4", "6"}) {
+    EXPECT_TRUE(fs::exists(dir + "/step-0000000" + step + "/meta.json")) << step;
+  }
+  fs::remove_all(dir + "/step-00000006");
+  fs::remove_all(dir + "/step-00000004");
+  r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+             "--resume", "--metrics=" + tmp / "resumed.jsonl"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("step-00000002 at step 2"), std::string::npos) << r.output;
+  auto got = metrics_losses(tmp / "resumed.jsonl");
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
+  r = train({"--checkpoint-dir=" + dir, "--checkpoint-async"});
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_NE(r.output.find("--checkpoint-async applies to the --checkpoint-every saves"),
+            std::string::npos) << r.output;
+}
+
+// A rank SIGKILLed while step 4's save is written in the background (a slow disk keeps it in
+// flight): step 2's checkpoint, committed before step 4's save began, is the latest, and
+// --resume continues from it bit-identically.
+TEST(TrainCheckpoint, RankKilledDuringAsyncSaveLeavesThePreviousCheckpoint) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  {
+    Process p(args({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                    "--checkpoint-every=2", "--checkpoint-async"}),
+              slow_disk(1000));
+    const auto ranks = children_of(p.pid(), 2);
+    ASSERT_EQ(ranks.size(), 2u);
+    ASSERT_TRUE(wait_for([&] { return fs::exists(dir + "/step-00000004.partial/shard-0.bin"); }, 120s));
+    ::kill(ranks[1], SIGKILL);
+    auto r = p.wait(120s);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_code(), 0) << r.output;
+  }
+  EXPECT_TRUE(fs::exists(dir + "/step-00000002/meta.json"));
+  EXPECT_FALSE(fs::exists(dir + "/step-00000004"));
+  auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
+                  "--resume", "--metrics=" + tmp / "after.jsonl"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("step-00000002 at step 2"), std::string::npos) << r.output;
+  auto got = metrics_losses(tmp / "after.jsonl");
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
+}
+
+// --keep-last 1 with background saves on a slow disk: watched every few milliseconds from the
+// first commit on, the directory always holds at least one complete checkpoint, and one at the end.
+TEST(TrainCheckpoint, AsyncKeepLastNeverLeavesNoCompleteCheckpoint) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  Process p(args({"--devices=2", "--strategy=full_shard", "--checkpoint-dir=" + dir,
+                  "--checkpoint-every=1", "--checkpoint-async", "--keep-last=1"}),
+            slow_disk(150));
+  auto complete = [&] {
+    int64_t n = 0;
+    for (const auto& e : fsdp::list_checkpoints(dir)) n += e.status == fsdp::CheckpointStatus::kComplete;
+    return n;
+  };
+  std::atomic<bool> done{false}, seen{false};
+  std::atomic<int64_t> fewest{1 << 20}, observations{0};
+  std::thread watcher([&] {
+    while (!done) {
+      const int64_t n = complete();
+      if (n > 0) seen = true;
+      if (seen) {
+        fewest = std::min(fewest.load(), n);
+        ++observations;
+      }
+      std::this_thread::sleep_for(3ms);
+    }
+  });
+  auto r = p.wait(180s);
+  done = true;
+  watcher.join();
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(seen);
+  EXPECT_GT(observations, 10);
+  EXPECT_GE(fewest, 1);
+  EXPECT_EQ(complete(), 1);
+  EXPECT_TRUE(fs::exists(dir + "/step-00000006/meta.json"));
 }
 
 std::string sample_of(const std::string& output) {

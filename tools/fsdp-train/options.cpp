@@ -451,6 +451,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "invalid); given a --checkpoint-dir, every entry; starts no ranks")
       ->type_name("PATH")
       ->group(ckpt);
+  app.add_flag("--checkpoint-async", o.checkpoint_async,
+               "write the --checkpoint-every saves in the background: training stops only while "
+               "each rank copies its part into a staging buffer (fsdp/async_checkpoint.h); the "
+               "save at the end and on a signal stay synchronous")
+      ->group(ckpt);
   app.add_option("--keep-last", o.keep_last,
                  "keep only the newest K checkpoints in --checkpoint-dir; 0 = keep all")
       ->group(ckpt);
@@ -668,6 +673,8 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(!needs_dir || !o.checkpoint_dir.empty(),
              o.resume ? "--resume" : o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep-last",
              " needs --checkpoint-dir DIR; add it");
+  FSDP_CHECK(!o.checkpoint_async || o.checkpoint_every > 0, "--checkpoint-async applies to the "
+             "--checkpoint-every saves; add --checkpoint-every N or drop --checkpoint-async");
   if (!o.checkpoint_dir.empty()) check_checkpoint_dir(o.checkpoint_dir);
   const std::vector<int> signals = parse_signal_list(o.save_on_signal);
   if (!o.checkpoint_dir.empty()) p.save_signals = signals;

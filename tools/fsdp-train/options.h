@@ -101,6 +101,7 @@ struct TrainOptions {
   bool requeue = false;             // after that save, rank 0 runs scontrol requeue $SLURM_JOB_ID
   double signal_save_timeout = 120; // seconds the save may take before the rank exits anyway
   int64_t keep_last = 0;        // sharded checkpoints kept in checkpoint_dir; 0 = all
+  bool checkpoint_async = false; // periodic saves written in the background (fsdp::AsyncCheckpointer)
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
   std::string export_llmc;      // llm.c model.bin written at the end (--model gpt2)
   // Sampling from the trained model.

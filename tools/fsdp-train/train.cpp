@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "fsdp/async_checkpoint.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/report.h"
@@ -167,6 +168,9 @@ std::string settings_line(const TrainOptions& o, const TrainPlan& p) {
 struct CheckpointLog {
   int64_t saves = 0;
   fsdp::CheckpointInfo last_save;
+  int64_t async_saves = 0;    // of `saves`, written in the background
+  double async_blocked_s = 0; // training time they took, all together
+  int64_t staging_bytes = 0;
   std::optional<fsdp::CheckpointInfo> loaded;
   int64_t resumed_step = 0;
   std::string exported;
@@ -192,6 +196,13 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
   if (c.saves > 0) {
     row("checkpoints", cat(c.saves, " saved in ", o.checkpoint_dir, "; last ", c.last_save.path,
                            ": ", rate(double(c.last_save.bytes), c.last_save.seconds)));
+  }
+  if (c.async_saves > 0) {
+    char s[32];
+    std::snprintf(s, sizeof(s), "%.4f", c.async_blocked_s / double(c.async_saves));
+    row("async checkpoints", cat(c.async_saves, " written in the background; training blocked ",
+                                 s, " s per save on rank 0 (staging buffer ",
+                                 fsdp::format_bytes(double(c.staging_bytes)), ")"));
   }
   if (!c.exported.empty()) {
     char s[32];
@@ -529,15 +540,34 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       }
       std::fflush(stdout);
     }
-    auto save = [&](int64_t steps_done) {
+    // NOTE [async saves in fsdp-train]: a background save is committed by the poll after a
+    // later step (or by the wait before the next save, the final one or a signal's), and only
+    // then are old checkpoints pruned: pruning never runs while a save is in flight, so it can
+    // neither delete the ".partial" being written nor leave fewer than --keep-last complete.
+    fsdp::AsyncCheckpointer saver;
+    auto committed = [&](const fsdp::CheckpointInfo& info) {
+      ckpt.last_save = info;
+      ++ckpt.saves;
+      if (lead && o.keep_last > 0) fsdp::prune_checkpoints(o.checkpoint_dir, o.keep_last);
+    };
+    auto finish_async_save = [&] {
+      if (auto info = saver.wait()) committed(*info);
+    };
+    auto save = [&](int64_t steps_done, bool background) {
       fsdp::TrainingState state;
       state.step = steps_done;
       state.values["sampler"] = sampler.state();
       state.values["settings"] = settings_line(o, p);
-      ckpt.last_save = fsdp::save_checkpoint(fsdp::checkpoint_path(o.checkpoint_dir, steps_done),
-                                             model, &optimizer, state);
-      ++ckpt.saves;
-      if (lead && o.keep_last > 0) fsdp::prune_checkpoints(o.checkpoint_dir, o.keep_last);
+      const std::string path = fsdp::checkpoint_path(o.checkpoint_dir, steps_done);
+      finish_async_save();
+      if (background) {
+        saver.save(path, model, &optimizer, state);
+        ++ckpt.async_saves;
+        ckpt.async_blocked_s += saver.last_blocked_seconds();
+        ckpt.staging_bytes = saver.staging_bytes();
+        return;
+      }
+      committed(fsdp::save_checkpoint(path, model, &optimizer, state));
     };
     // Every rank saw `sig` after step `steps_done`: save it, bounded, then requeue (rank 0).
     auto stop_on_signal = [&](int sig, int64_t steps_done) {
@@ -548,7 +578,8 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
                           cat("fsdp-train: error: rank ", rank, ": the save of step ", steps_done,
                               " on ", name, " did not finish within --signal-save-timeout ",
                               o.signal_save_timeout, " s; exiting without it"));
-        if (ckpt.saves == 0 || ckpt.last_save.path != path) save(steps_done);  // unless periodic
+        finish_async_save();
+        if (ckpt.saves == 0 || ckpt.last_save.path != path) save(steps_done, false);  // unless periodic
       }
       if (lead) {
         std::printf("\nfsdp-train: %s: saved step %lld to %s; exiting with status %d (continue "
@@ -668,7 +699,9 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       stopped_by = static_cast<int>(rec.max[kSignal]);  // the same on every rank
       if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
           (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
-        save(step + 1);
+        save(step + 1, o.checkpoint_async);
+      } else if (saver.in_flight()) {  // the same on every rank: poll is collective
+        if (auto info = saver.poll()) committed(*info);
       }
       if (lead) {
         if (metrics.is_open()) {
@@ -697,7 +730,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
       const bool last = step + 1 == o.steps;
       if (o.eval_every > 0 ? (step + 1) % o.eval_every == 0 || last : last) validate(step + 1);
     }
-    if (!o.checkpoint_dir.empty() && !records.empty()) save(o.steps);
+    if (!o.checkpoint_dir.empty() && !records.empty()) save(o.steps, false);
     if (!o.export_full.empty()) {
       const auto t = Clock::now();
       fsdp::export_full_checkpoint(model, o.export_full);
