@@ -103,33 +103,49 @@ std::map<std::string, std::string> slow_disk(int ms) {
                                "verify_asan_link_order=0"}};
 }
 
-TEST(TrainCheckpoint, RankKilledDuringSaveLeavesThePreviousCheckpoint) {
+// Trains 6 steps on (2, 1) HYBRID_SHARD saving every `every` steps (plus `extra` flags) on a slow
+// disk, injected from outside (tests/faults/slow_fsync.cpp: every fsync takes `fsync_ms`), and
+// SIGKILLs rank 1 once the save of step 2 * `every` has written its shard file but is not
+// committed. The save of step `every` is then the latest, and --resume continues from it
+// bit-identically.
+void expect_kill_during_save_leaves_previous(int64_t every, int fsync_ms,
+                                             const std::vector<std::string>& extra) {
   TempDir tmp;
   const std::string dir = tmp / "ck";
+  const std::string kept = fsdp::checkpoint_path(dir, every);
+  const std::string killed = fsdp::checkpoint_path(dir, 2 * every);
   {
-    // A slow disk, injected from outside (tests/faults/slow_fsync.cpp): every fsync takes 1.5 s,
-    // so step 3's save completes and step 6's is killed while it is in flight.
-    Process p(args({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
-                    "--checkpoint-every=3"}),
-              slow_disk(1500));
+    std::vector<std::string> flags{"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1",
+                                   "--checkpoint-dir=" + dir,
+                                   "--checkpoint-every=" + std::to_string(every)};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    Process p(args(flags), slow_disk(fsync_ms));
     const auto ranks = children_of(p.pid(), 2);
     ASSERT_EQ(ranks.size(), 2u);
-    ASSERT_TRUE(wait_for([&] { return fs::exists(dir + "/step-00000006.partial/shard-0.bin"); }, 120s));
+    ASSERT_TRUE(wait_for([&] { return fs::exists(killed + ".partial/shard-0.bin"); }, 120s));
     ::kill(ranks[1], SIGKILL);
     auto r = p.wait(120s);
     EXPECT_FALSE(r.timed_out);
     EXPECT_NE(r.exit_code(), 0) << r.output;
   }
-  EXPECT_TRUE(fs::exists(dir + "/step-00000003/meta.json"));
-  EXPECT_FALSE(fs::exists(dir + "/step-00000006"));
+  EXPECT_TRUE(fs::exists(kept + "/meta.json"));
+  EXPECT_FALSE(fs::exists(killed));
   auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
                   "--resume", "--metrics=" + tmp / "after.jsonl"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find("step-00000003 at step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(kept + " at step " + std::to_string(every)), std::string::npos)
+      << r.output;
   auto got = metrics_losses(tmp / "after.jsonl");
-  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(static_cast<int64_t>(got.size()), 6 - every);
   for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
-  EXPECT_FALSE(fs::exists(dir + "/step-00000006.partial")) << "the next save replaces the leftover";
+  if (2 * every == 6) {  // the resumed run's final save is the killed one: it replaces the leftover
+    EXPECT_FALSE(fs::exists(killed + ".partial"));
+  }
+}
+
+// Step 3's save completes; step 6's (the final one) is killed in flight.
+TEST(TrainCheckpoint, RankKilledDuringSaveLeavesThePreviousCheckpoint) {
+  expect_kill_during_save_leaves_previous(3, 1500, {});
 }
 
 // --checkpoint-async: the periodic saves at steps 2 and 4 are written in the background and the
@@ -162,33 +178,10 @@ TEST(TrainCheckpoint, AsyncSavesResumeBitIdentically) {
             std::string::npos) << r.output;
 }
 
-// A rank SIGKILLed while step 4's save is written in the background (a slow disk keeps it in
-// flight): step 2's checkpoint, committed before step 4's save began, is the latest, and
-// --resume continues from it bit-identically.
+// A rank SIGKILLed while step 4's save is written in the background: step 2's checkpoint,
+// committed before step 4's save began, is the latest, and --resume continues from it.
 TEST(TrainCheckpoint, RankKilledDuringAsyncSaveLeavesThePreviousCheckpoint) {
-  TempDir tmp;
-  const std::string dir = tmp / "ck";
-  {
-    Process p(args({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
-                    "--checkpoint-every=2", "--checkpoint-async"}),
-              slow_disk(1000));
-    const auto ranks = children_of(p.pid(), 2);
-    ASSERT_EQ(ranks.size(), 2u);
-    ASSERT_TRUE(wait_for([&] { return fs::exists(dir + "/step-00000004.partial/shard-0.bin"); }, 120s));
-    ::kill(ranks[1], SIGKILL);
-    auto r = p.wait(120s);
-    EXPECT_FALSE(r.timed_out);
-    EXPECT_NE(r.exit_code(), 0) << r.output;
-  }
-  EXPECT_TRUE(fs::exists(dir + "/step-00000002/meta.json"));
-  EXPECT_FALSE(fs::exists(dir + "/step-00000004"));
-  auto r = train({"--devices=2", "--strategy=hybrid_shard", "--mesh=2,1", "--checkpoint-dir=" + dir,
-                  "--resume", "--metrics=" + tmp / "after.jsonl"});
-  ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find("step-00000002 at step 2"), std::string::npos) << r.output;
-  auto got = metrics_losses(tmp / "after.jsonl");
-  ASSERT_EQ(got.size(), 4u);
-  for (const auto& [step, loss] : got) EXPECT_EQ(loss, reference().at(step)) << "step " << step;
+  expect_kill_during_save_leaves_previous(2, 1000, {"--checkpoint-async"});
 }
 
 // --keep-last 1 with background saves on a slow disk: watched every few milliseconds from the
