@@ -697,9 +697,11 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
                  "; training diverged: lower --lr (", o.lr, ") or enable --clip-grad");
       records.push_back(rec);
       stopped_by = static_cast<int>(rec.max[kSignal]);  // the same on every rank
+      double blocked_by_save = -1;  // a background save started after this step: its cost
       if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
           (step + 1) % o.checkpoint_every == 0 && step + 1 < o.steps) {
         save(step + 1, o.checkpoint_async);
+        if (o.checkpoint_async) blocked_by_save = saver.last_blocked_seconds();
       } else if (saver.in_flight()) {  // the same on every rank: poll is collective
         if (auto info = saver.poll()) committed(*info);
       }
@@ -716,6 +718,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
           j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
                              {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
                              {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
+          if (blocked_by_save >= 0) j["checkpoint_blocked_s"] = blocked_by_save;
           if (step == first_step) {  // once per run: building and sharding the model
             j["construction"] = {{"init", construction.deferred ? "deferred" : "eager"},
                                  {"seconds", construction.seconds},
