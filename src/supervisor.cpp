@@ -144,16 +144,14 @@ struct Attempt {
   std::string report;      // the one line naming the culprit ("" when all succeeded)
 };
 
-Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vector<char*>& cargv,
-                    const EnvMap& base, int port, int64_t attempt) {
+// 1. Forks and execs every local rank with its launcher environment; each rank's stderr goes to
+// `output`. A failed fork kills the ranks already started and throws.
+std::vector<Child> spawn_ranks(const LaunchOptions& opts, const std::string& exe,
+                               std::vector<char*>& cargv, const EnvMap& base, int port,
+                               int64_t attempt, RankOutput& output) {
   std::vector<Child> children(opts.nproc_per_node);
   const int64_t world = opts.nproc_per_node * opts.num_nodes;
   const pid_t supervisor = ::getpid();
-  std::vector<int64_t> ranks;
-  for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
-    ranks.push_back(opts.node_rank * opts.nproc_per_node + local);
-  }
-  RankOutput output(ranks, opts.output_hold);  // NOTE [rank output]
   for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
     Child& c = children[local];
     c.local_rank = local;
@@ -204,12 +202,27 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
     output.started(local);
   }
 
+  return children;
+}
+
+// How the ranks of one attempt ended, as the watch loop saw it.
+struct Watched {
+  std::vector<int64_t> failed;  // indices into the children, in the order they were reaped
+  int stop_signal = 0;          // a stop signal the supervisor received (0: none)
+  std::chrono::steady_clock::time_point first_failure_at{};
+};
+
+// 2. Reaps the ranks until none runs: relays SIGUSR1/2, and on the first failure or a stop
+// signal sends SIGTERM to the others, then SIGKILL after the grace period.
+Watched watch_ranks(const LaunchOptions& opts, std::vector<Child>& children, RankOutput& output) {
   using Clock = std::chrono::steady_clock;
   int64_t running = opts.nproc_per_node;
-  std::vector<int64_t> failed;  // indices into children, in the order they were reaped
+  Watched w;
+  std::vector<int64_t>& failed = w.failed;
   bool stopping = false;
-  int stop_signal = 0;
-  Clock::time_point first_failure_at{}, term_sent_at{};
+  int& stop_signal = w.stop_signal;
+  Clock::time_point& first_failure_at = w.first_failure_at;
+  Clock::time_point term_sent_at{};
   bool term_sent = false, kill_sent = false;
   sig_atomic_t usr1_relayed = g_usr1_count, usr2_relayed = g_usr2_count;
 
@@ -277,8 +290,16 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
     }
     output.pump(std::chrono::milliseconds(10));
   }
-  output.finish();  // the ranks' last lines come before the supervisor's report
+  return w;
+}
 
+// 3. The attempt's result: success, an interruption, or the one line naming the rank that caused
+// the failure (NOTE [culprit]).
+Attempt name_culprit(const LaunchOptions& opts, const std::vector<Child>& children,
+                     const Watched& w) {
+  const std::vector<int64_t>& failed = w.failed;
+  const int stop_signal = w.stop_signal;
+  const auto first_failure_at = w.first_failure_at;
   Attempt result;
   if (stop_signal != 0 && failed.empty()) {
     result.interrupted = true;
@@ -325,6 +346,20 @@ Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vect
                               ", pid ", c.pid, ") ", what, "; stopped the other ranks");
   if (!others.empty()) result.report += detail::cat(" (rank(s) ", others, " had also failed)");
   return result;
+}
+
+
+Attempt run_attempt(const LaunchOptions& opts, const std::string& exe, std::vector<char*>& cargv,
+                    const EnvMap& base, int port, int64_t attempt) {
+  std::vector<int64_t> ranks;
+  for (int64_t local = 0; local < opts.nproc_per_node; ++local) {
+    ranks.push_back(opts.node_rank * opts.nproc_per_node + local);
+  }
+  RankOutput output(ranks, opts.output_hold);  // NOTE [rank output]
+  std::vector<Child> children = spawn_ranks(opts, exe, cargv, base, port, attempt, output);
+  const Watched w = watch_ranks(opts, children, output);
+  output.finish();  // the ranks' last lines come before the supervisor's report
+  return name_culprit(opts, children, w);
 }
 
 }  // namespace
