@@ -84,40 +84,12 @@ double all_reduce_time(const LinkSpec& link, int64_t n, int64_t bytes, double sc
   return ring_time(link, n, bytes, scale, 2);
 }
 
-PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& cluster,
-                                 const PlanOptions& o, ShardingStrategy strategy,
-                                 int64_t replicate, int64_t shard) {
-  PlanCandidate c;
-  c.strategy = strategy;
-  c.replicate = replicate;
-  c.shard = shard;
-  const int64_t W = cluster.world_size(), rpn = cluster.ranks_per_node;
-  FSDPStrategy s;
-  s.sharding_strategy(strategy).grad_sync(o.grad_sync).forward_prefetch(o.prefetch)
-      .backward_prefetch(o.prefetch);
-  s.mixed_precision({o.param_dtype, o.reduce_dtype});
-  if (is_hybrid(strategy)) s.device_mesh(std::vector<int64_t>{replicate, shard});
-  const ShardingPlan plan = plan_sharding(s, W, rpn);
-  TORCH_INTERNAL_ASSERT(plan.replicate_size() == replicate && plan.shard_size() == shard);
+namespace {
 
-  // Bytes and model state: the topology report's arithmetic (report.h).
-  std::vector<UnitInfo> units = model.unit_counts();
-  for (auto& u : units) u.set_shard_size(shard);
-  ReportOptions ro;
-  ro.grad_accum = o.grad_accum;
-  ro.grad_sync = o.grad_sync;
-  ro.clip = o.clip;
-  ro.optimizer_states = o.optimizer_states;
-  ro.param_dtype = o.param_dtype;
-  ro.reduce_dtype = o.reduce_dtype;
-  ro.prefetch = o.prefetch;
-  const TopologyReport report = make_topology_report(plan, rpn, units, ro);
-  c.comm = report.comm;
-  c.memory.params = report.sharded.params;
-  c.memory.grads = report.sharded.grads;
-  c.memory.optimizer = report.sharded.optimizer;
-  c.memory.gathered_params = report.peak_unsharded_param_bytes;
-
+// Per-rank memory beyond the sharded state: the gradient buffers of the unit being reduced, the
+// activations, the runtime reserve; and whether it all fits.
+void add_working_memory(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& cluster,
+                        const PlanOptions& o, const std::vector<UnitInfo>& units, int64_t shard) {
   const int64_t pb = c10::elementSize(o.param_dtype), rb = c10::elementSize(o.reduce_dtype);
   int64_t largest = 0;
   for (size_t i = 1; i < units.size(); ++i) largest = std::max(largest, units[i].padded_numel);
@@ -134,22 +106,17 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
   c.memory.reserve = cluster.reserve_bytes;
   c.capacity = cluster.rank_memory();
   c.fits = c.memory.total() <= c.capacity;
+}
 
-  // Links.
-  const GroupLinks sg = group_links(plan.layout.groups(1).front(), cluster);
-  const GroupLinks rg = group_links(plan.layout.groups(0).front(), cluster);
-  c.shard_crosses_nodes = sg.crosses && shard > 1;
-  c.replicate_crosses_nodes = rg.crosses && replicate > 1;
-  auto wire = [](int64_t payload, int64_t n, double factor) {
-    return n > 1 ? static_cast<int64_t>(double(payload) * factor * double(n - 1) / double(n)) : 0;
-  };
-  const int64_t shard_wire = wire(report.comm.shard_all_gather + report.comm.shard_reduce_scatter, shard, 1) +
-                             wire(report.comm.shard_all_reduce, shard, 2);
-  const int64_t rep_wire = wire(report.comm.replicate_all_reduce, replicate, 2);
-  (c.shard_crosses_nodes ? c.inter_bytes : c.intra_bytes) += shard_wire;
-  (c.replicate_crosses_nodes ? c.inter_bytes : c.intra_bytes) += rep_wire;
+// The time of every unit's computation and collectives in one micro-step (seconds).
+struct UnitTimes {
+  std::vector<double> fwd, bwd, ag, rs, ar;
+};
 
-  // Compute per unit and micro-step.
+UnitTimes unit_times(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& o,
+                     const std::vector<UnitInfo>& units, const GroupLinks& sg,
+                     const GroupLinks& rg, int64_t replicate, int64_t shard) {
+  const int64_t pb = c10::elementSize(o.param_dtype), rb = c10::elementSize(o.reduce_dtype);
   const double tokens = double(o.micro_batch * model.seq_len);
   const double rate = cluster.rank_flops();
   const double head = 6.0 * double(model.vocab) * double(model.hidden) * tokens;
@@ -159,10 +126,11 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
   int64_t block_params = 0;
   for (size_t i = 1; i < units.size(); ++i) block_params += units[i].total_numel();
   const size_t n = units.size();
-  std::vector<double> fwd(n, 0), bwd(n, 0), ag(n, 0), rs(n, 0), ar(n, 0);
+  UnitTimes t{std::vector<double>(n, 0), std::vector<double>(n, 0), std::vector<double>(n, 0),
+              std::vector<double>(n, 0), std::vector<double>(n, 0)};
+  auto& [fwd, bwd, ag, rs, ar] = t;
   fwd[0] = head / 3 / rate;
   bwd[0] = 2 * head / 3 / rate;
-  const bool regather = plan.reshard_after_forward;
   for (size_t i = 0; i < n; ++i) {
     if (i > 0 && block_params > 0) {
       const double share = double(units[i].total_numel()) / double(block_params);
@@ -174,8 +142,16 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
     rs[i] = group_time(cluster, sg, shard, units[i].padded_numel * rb, 1);
     ar[i] = group_time(cluster, rg, replicate, units[i].shard_numel * rb, 2);
   }
+  return t;
+}
 
-  // The two-stream schedule (NOTE above).
+// The two-stream schedule (NOTE above) of one optimizer step: fills c.time and c.tokens_per_s.
+void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& cluster,
+                   const PlanOptions& o, const UnitTimes& t, bool regather, int64_t replicate,
+                   int64_t shard) {
+  const auto& [fwd, bwd, ag, rs, ar] = t;
+  const size_t n = fwd.size();
+  const double tokens = double(o.micro_batch * model.seq_len);
   const bool shared_nics = c.shard_crosses_nodes && c.replicate_crosses_nodes;
   double cpu = 0, shard_free = 0, rep_free = 0, comm = 0, compute = 0;
   std::vector<double> ready(n, 0);
@@ -244,6 +220,62 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
   }
   c.time.exposed = std::max(0.0, c.time.step - compute);
   c.tokens_per_s = c.time.step > 0 ? tokens * double(o.grad_accum) / c.time.step : 0;
+}
+
+
+}  // namespace
+
+PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& cluster,
+                                 const PlanOptions& o, ShardingStrategy strategy,
+                                 int64_t replicate, int64_t shard) {
+  PlanCandidate c;
+  c.strategy = strategy;
+  c.replicate = replicate;
+  c.shard = shard;
+  const int64_t W = cluster.world_size(), rpn = cluster.ranks_per_node;
+  FSDPStrategy s;
+  s.sharding_strategy(strategy).grad_sync(o.grad_sync).forward_prefetch(o.prefetch)
+      .backward_prefetch(o.prefetch);
+  s.mixed_precision({o.param_dtype, o.reduce_dtype});
+  if (is_hybrid(strategy)) s.device_mesh(std::vector<int64_t>{replicate, shard});
+  const ShardingPlan plan = plan_sharding(s, W, rpn);
+  TORCH_INTERNAL_ASSERT(plan.replicate_size() == replicate && plan.shard_size() == shard);
+
+  // Bytes and model state: the topology report's arithmetic (report.h).
+  std::vector<UnitInfo> units = model.unit_counts();
+  for (auto& u : units) u.set_shard_size(shard);
+  ReportOptions ro;
+  ro.grad_accum = o.grad_accum;
+  ro.grad_sync = o.grad_sync;
+  ro.clip = o.clip;
+  ro.optimizer_states = o.optimizer_states;
+  ro.param_dtype = o.param_dtype;
+  ro.reduce_dtype = o.reduce_dtype;
+  ro.prefetch = o.prefetch;
+  const TopologyReport report = make_topology_report(plan, rpn, units, ro);
+  c.comm = report.comm;
+  c.memory.params = report.sharded.params;
+  c.memory.grads = report.sharded.grads;
+  c.memory.optimizer = report.sharded.optimizer;
+  c.memory.gathered_params = report.peak_unsharded_param_bytes;
+
+  add_working_memory(c, model, cluster, o, units, shard);
+  // Links.
+  const GroupLinks sg = group_links(plan.layout.groups(1).front(), cluster);
+  const GroupLinks rg = group_links(plan.layout.groups(0).front(), cluster);
+  c.shard_crosses_nodes = sg.crosses && shard > 1;
+  c.replicate_crosses_nodes = rg.crosses && replicate > 1;
+  auto wire = [](int64_t payload, int64_t n, double factor) {
+    return n > 1 ? static_cast<int64_t>(double(payload) * factor * double(n - 1) / double(n)) : 0;
+  };
+  const int64_t shard_wire = wire(report.comm.shard_all_gather + report.comm.shard_reduce_scatter, shard, 1) +
+                             wire(report.comm.shard_all_reduce, shard, 2);
+  const int64_t rep_wire = wire(report.comm.replicate_all_reduce, replicate, 2);
+  (c.shard_crosses_nodes ? c.inter_bytes : c.intra_bytes) += shard_wire;
+  (c.replicate_crosses_nodes ? c.inter_bytes : c.intra_bytes) += rep_wire;
+
+  const UnitTimes t = unit_times(model, cluster, o, units, sg, rg, replicate, shard);
+  schedule_step(c, model, cluster, o, t, plan.reshard_after_forward, replicate, shard);
   return c;
 }
 
