@@ -157,25 +157,21 @@ std::string format_count(double n) {
   return buf;
 }
 
-std::string TopologyReport::to_text() const {
-  std::ostringstream os;
-  os << "fsdp topology: " << to_string(strategy) << ", world " << world_size << " = " << num_nodes
-     << (num_nodes == 1 ? " node" : " nodes") << " x " << local_world_size << " ranks, mesh ("
-     << replicate_size << ", " << shard_size << ") = " << replicate_size
-     << (replicate_size == 1 ? " replica" : " replicas") << " x " << shard_size
-     << "-way sharding\n\n";
-  // The grid: rows are replicas (replicate coordinate), columns shard coordinates.
-  const size_t w = std::max<size_t>(9, std::to_string(world_size).size() + 6);
+namespace {
+
+// The mesh as a grid: rows are replicas (replicate coordinate), columns shard coordinates.
+void print_grid(std::ostream& os, const TopologyReport& r) {
+  const size_t w = std::max<size_t>(9, std::to_string(r.world_size).size() + 6);
   os << pad("", 14);
-  for (int64_t s = 0; s < shard_size; ++s) os << pad(detail::cat("shard ", s), w);
+  for (int64_t s = 0; s < r.shard_size; ++s) os << pad(detail::cat("shard ", s), w);
   os << "\n";
-  for (int64_t rep = 0; rep < replicate_size; ++rep) {
+  for (int64_t rep = 0; rep < r.replicate_size; ++rep) {
     os << pad(detail::cat("  replica ", rep), 14);
     std::set<int64_t> nodes;
-    for (int64_t s = 0; s < shard_size; ++s) {
-      const auto& g = shard_groups[rep];
+    for (int64_t s = 0; s < r.shard_size; ++s) {
+      const auto& g = r.shard_groups[rep];
       os << pad(detail::cat("rank ", g[s]), w);
-      nodes.insert(g[s] / local_world_size);
+      nodes.insert(g[s] / r.local_world_size);
     }
     os << (nodes.size() == 1 ? "node " : "nodes ");
     bool first = true;
@@ -185,37 +181,45 @@ std::string TopologyReport::to_text() const {
     }
     os << "\n";
   }
+}
+
+// The groups, which of them cross nodes, and every rank's coordinates.
+void print_groups(std::ostream& os, const TopologyReport& r) {
   os << "\n  shard groups (all-gather parameters, reduce-scatter gradients):\n    "
-     << groups_line(shard_groups) << "\n";
-  os << "  replicate groups (all-reduce gradient shards):\n    " << groups_line(replicate_groups)
+     << groups_line(r.shard_groups) << "\n";
+  os << "  replicate groups (all-reduce gradient shards):\n    " << groups_line(r.replicate_groups)
      << "\n\n";
-  if (num_nodes == 1) {
+  if (r.num_nodes == 1) {
     os << "  crossing nodes: none (one node)\n\n";
   } else {
-    const int64_t s = groups_crossing_nodes(shard_groups, local_world_size);
-    const int64_t r = groups_crossing_nodes(replicate_groups, local_world_size);
-    os << "  crossing nodes:\n    shard groups      " << how_many(s, shard_groups.size())
+    const int64_t s = groups_crossing_nodes(r.shard_groups, r.local_world_size);
+    const int64_t rc = groups_crossing_nodes(r.replicate_groups, r.local_world_size);
+    os << "  crossing nodes:\n    shard groups      " << how_many(s, r.shard_groups.size())
        << (s == 0 ? " (parameter all-gathers and gradient reduce-scatters stay inside a node)"
                   : " (their parameter all-gathers and gradient reduce-scatters cross nodes)")
-       << "\n    replicate groups  " << how_many(r, replicate_groups.size())
-       << (r == 0 ? " (gradient all-reduces stay inside a node)"
+       << "\n    replicate groups  " << how_many(rc, r.replicate_groups.size())
+       << (rc == 0 ? " (gradient all-reduces stay inside a node)"
                   : " (their gradient-shard all-reduces cross nodes)")
        << "\n\n";
   }
   os << "  rank  (replicate, shard)  node  local rank\n";
-  for (const auto& p : ranks) {
+  for (const auto& p : r.ranks) {
     os << "  " << pad(std::to_string(p.rank), 6) << pad(detail::cat("(", p.replicate, ", ", p.shard, ")"), 20)
        << pad(std::to_string(p.node), 6) << p.local_rank << "\n";
   }
-  const int64_t frozen = total_params - trainable_params;
-  os << "\n  model: " << format_count(total_params) << " parameters";
+}
+
+// The model's units and what each rank stores of them.
+void print_units(std::ostream& os, const TopologyReport& r) {
+  const int64_t frozen = r.total_params - r.trainable_params;
+  os << "\n  model: " << format_count(r.total_params) << " parameters";
   if (frozen > 0) {
-    os << " (" << format_count(trainable_params) << " trainable, " << format_count(frozen)
+    os << " (" << format_count(r.trainable_params) << " trainable, " << format_count(frozen)
        << " frozen)";
   }
-  os << " in " << units.size() << (units.size() == 1 ? " unit" : " units") << "; each rank stores "
-     << format_count(sharded.params / 4) << " of them\n";
-  for (const auto& u : units) {
+  os << " in " << r.units.size() << (r.units.size() == 1 ? " unit" : " units") << "; each rank stores "
+     << format_count(r.sharded.params / 4) << " of them\n";
+  for (const auto& u : r.units) {
     os << "    " << pad(u.name.empty() ? "(root)" : u.name, 28)
        << pad(format_count(u.total_numel()), 10) << "shard ";
     const std::string shard = format_count(u.shard_numel + u.frozen_shard_numel);
@@ -232,25 +236,44 @@ std::string TopologyReport::to_text() const {
     }
     os << "\n";
   }
+}
+
+// Communication and memory per rank.
+void print_comm_and_memory(std::ostream& os, const TopologyReport& r) {
   os << "\n  communication per optimizer step, per rank (payload issued):\n";
-  os << "    shard group      all-gather " << pad(format_bytes(comm.shard_all_gather), 12);
-  if (comm.frozen_all_gather) {
-    os << "(frozen " << format_bytes(comm.frozen_all_gather) << ", trainable "
-       << format_bytes(comm.shard_all_gather - comm.frozen_all_gather) << ")  ";
+  os << "    shard group      all-gather " << pad(format_bytes(r.comm.shard_all_gather), 12);
+  if (r.comm.frozen_all_gather) {
+    os << "(frozen " << format_bytes(r.comm.frozen_all_gather) << ", trainable "
+       << format_bytes(r.comm.shard_all_gather - r.comm.frozen_all_gather) << ")  ";
   }
-  os << "reduce-scatter " << format_bytes(comm.shard_reduce_scatter);
-  if (comm.shard_all_reduce) os << "   all-reduce " << format_bytes(comm.shard_all_reduce);
-  os << "\n    replicate group  all-reduce " << format_bytes(comm.replicate_all_reduce) << "\n";
+  os << "reduce-scatter " << format_bytes(r.comm.shard_reduce_scatter);
+  if (r.comm.shard_all_reduce) os << "   all-reduce " << format_bytes(r.comm.shard_all_reduce);
+  os << "\n    replicate group  all-reduce " << format_bytes(r.comm.replicate_all_reduce) << "\n";
   os << "\n  memory per rank      sharded      one replica\n";
   auto row = [&](const char* name, int64_t a, int64_t b) {
     os << "    " << pad(name, 17) << pad(format_bytes(a), 13) << format_bytes(b) << "\n";
   };
-  row("parameters", sharded.params, replica.params);
-  row("gradients", sharded.grads, replica.grads);
-  row("optimizer state", sharded.optimizer, replica.optimizer);
-  row("total", sharded.total(), replica.total());
-  os << "    gathered parameters at peak (estimate): " << format_bytes(peak_unsharded_param_bytes)
+  row("parameters", r.sharded.params, r.replica.params);
+  row("gradients", r.sharded.grads, r.replica.grads);
+  row("optimizer state", r.sharded.optimizer, r.replica.optimizer);
+  row("total", r.sharded.total(), r.replica.total());
+  os << "    gathered parameters at peak (estimate): " << format_bytes(r.peak_unsharded_param_bytes)
      << "\n";
+}
+
+}  // namespace
+
+std::string TopologyReport::to_text() const {
+  std::ostringstream os;
+  os << "fsdp topology: " << to_string(strategy) << ", world " << world_size << " = " << num_nodes
+     << (num_nodes == 1 ? " node" : " nodes") << " x " << local_world_size << " ranks, mesh ("
+     << replicate_size << ", " << shard_size << ") = " << replicate_size
+     << (replicate_size == 1 ? " replica" : " replicas") << " x " << shard_size
+     << "-way sharding\n\n";
+  print_grid(os, *this);
+  print_groups(os, *this);
+  print_units(os, *this);
+  print_comm_and_memory(os, *this);
   for (const auto& wmsg : warnings) os << "\n  warning: " << wmsg << "\n";
   return os.str();
 }
