@@ -39,8 +39,6 @@
 // saving and loading meshes are unrelated; every size and offset read from a file
 // is checked against the file before use, and every chunk's CRC-32 is verified on read.
 // The directory must be on a filesystem every rank sees (one machine, or a shared filesystem).
-// For fault-injection tests, FSDP_TEST_CHECKPOINT_PAUSE_MS=N makes writers sleep N ms after
-// writing their shard file, before meta.json exists.
 #pragma once
 
 #include <cstdint>
