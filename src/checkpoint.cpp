@@ -32,6 +32,7 @@
 #include "compat.h"
 #include "engine.h"
 #include "fsdp/error.h"
+#include "fsdp/memory.h"
 
 namespace fsdp {
 
@@ -678,6 +679,11 @@ struct AsyncCheckpointer::Impl {
   std::string pending_path;
   double last_blocked = 0;
 
+  ~Impl() {
+    if (writer.joinable()) writer.join();
+    detail::add_checkpoint_staging_bytes(-staging_bytes());
+  }
+  int64_t staging_bytes() const { return staging.defined() ? staging.numel() : 0; }
   void join() {
     if (writer.joinable()) writer.join();
   }
@@ -692,7 +698,7 @@ struct AsyncCheckpointer::Impl {
 
 AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
 
-AsyncCheckpointer::~AsyncCheckpointer() { impl_->join(); }
+AsyncCheckpointer::~AsyncCheckpointer() = default;  // Impl joins the writer
 
 void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
                              const torch::optim::Optimizer* optimizer,
@@ -707,6 +713,7 @@ void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
   const std::vector<int64_t> mine = my_chunks(p);
   const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
   if (!m.staging.defined() || m.staging.numel() < bytes) {
+    detail::add_checkpoint_staging_bytes(bytes - m.staging_bytes());
     m.staging = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(
                                        p.rt->device().is_cuda()));
   }
@@ -748,9 +755,7 @@ std::optional<CheckpointInfo> AsyncCheckpointer::wait() {
 
 bool AsyncCheckpointer::in_flight() const { return impl_->pending.has_value(); }
 const std::string& AsyncCheckpointer::in_flight_path() const { return impl_->pending_path; }
-int64_t AsyncCheckpointer::staging_bytes() const {
-  return impl_->staging.defined() ? impl_->staging.numel() : 0;
-}
+int64_t AsyncCheckpointer::staging_bytes() const { return impl_->staging_bytes(); }
 double AsyncCheckpointer::last_blocked_seconds() const { return impl_->last_blocked; }
 
 CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,

@@ -3,13 +3,21 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <fstream>
 #include <string>
 
 namespace fsdp {
 
+namespace {
+std::atomic<int64_t> g_checkpoint_staging{0};
+}  // namespace
+
+void detail::add_checkpoint_staging_bytes(int64_t delta) { g_checkpoint_staging += delta; }
+
 ProcessMemory process_memory() {
   ProcessMemory m;
+  m.checkpoint_staging = g_checkpoint_staging.load();
   std::ifstream in("/proc/self/status");
   std::string line;
   auto field = [&](const char* key, int64_t* out) {

@@ -14,6 +14,7 @@
 
 #include "fsdp/async_checkpoint.h"
 #include "fsdp/error.h"
+#include "fsdp/memory.h"
 #include "models.h"
 #include "testing.h"
 
@@ -159,11 +160,13 @@ TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
     EXPECT_GT(staging, 0);
     saver.save(checkpoint_path(dir, 3), model, &opt, {3});
     EXPECT_EQ(saver.staging_bytes(), staging);
+    EXPECT_GE(process_memory().checkpoint_staging, staging);  // both ranks' buffers: one process
     EXPECT_GE(saver.last_blocked_seconds(), 0.0);
     ASSERT_TRUE(saver.wait().has_value());
     EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 3));
   });
   EXPECT_EQ(raised.load(), 2);
+  EXPECT_EQ(process_memory().checkpoint_staging, 0);  // released with the checkpointers
 }
 
 // A save() while another is in flight commits the first one first: both end complete.

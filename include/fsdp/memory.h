@@ -16,6 +16,9 @@ struct ProcessMemory {
   int64_t peak_rss = 0;     // VmHWM: the most resident memory since start (or the last reset)
   int64_t heap_in_use = 0;  // malloc'ed and not yet freed (glibc mallinfo2: uordblks + hblkhd)
   int64_t heap_free = 0;    // freed but kept by malloc in its arenas (mallinfo2 fordblks)
+  // The staging buffers of this process's fsdp::AsyncCheckpointers (fsdp/async_checkpoint.h),
+  // kept between saves; part of heap_in_use.
+  int64_t checkpoint_staging = 0;
 };
 
 // Reads /proc/self/status and glibc's mallinfo2 (heap fields 0 where the allocator is not
@@ -25,5 +28,10 @@ ProcessMemory process_memory();
 // Resets VmHWM to the current resident size (Linux 4.0+, /proc/self/clear_refs); false where the
 // kernel refuses, and then peak_rss keeps counting from the process's start.
 bool reset_peak_rss();
+
+namespace detail {
+// AsyncCheckpointer reports its staging buffer's growth (+) and release (-) here.
+void add_checkpoint_staging_bytes(int64_t delta);
+}  // namespace detail
 
 }  // namespace fsdp

@@ -20,8 +20,8 @@ std::vector<MemoryAccount::Part> MemoryAccount::parts() const {
   // the heap holds live since the base is activations and temporaries, and the free memory it
   // gained is slack.
   const int64_t state = engine_.sharded_state_bytes() + engine_.accumulation_bytes;
-  const int64_t live = at_.heap_in_use - base_.heap_in_use;
-  return {
+  const int64_t live = at_.heap_in_use - base_.heap_in_use - at_.checkpoint_staging;
+  std::vector<Part> out{
       {"process base", base_.rss_anon, "RssAnon before the model: libtorch, Gloo, threads, data"},
       {"sharded state", state, "parameter and gradient shards, optimizer state"},
       {"engine buffers", engine_.pool_mapped_bytes,
@@ -31,6 +31,11 @@ std::vector<MemoryAccount::Part> MemoryAccount::parts() const {
       {"allocator slack", std::max<int64_t>(0, at_.heap_free - base_.heap_free),
        "memory freed but kept by malloc (--heap decides how much)"},
   };
+  if (at_.checkpoint_staging > 0) {
+    out.insert(out.begin() + 3, {"checkpoint staging", at_.checkpoint_staging,
+                                 "--checkpoint-async's staging buffer, kept between saves"});
+  }
+  return out;
 }
 
 int64_t MemoryAccount::sum() const {
