@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "checkpoint_meta.h"
+#include "checkpoint/meta.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "models.h"

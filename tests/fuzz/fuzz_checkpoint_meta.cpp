@@ -1,4 +1,4 @@
-// libFuzzer target: a sharded checkpoint's meta.json reader (src/checkpoint_meta.h), the code
+// libFuzzer target: a sharded checkpoint's meta.json reader (src/checkpoint/meta.h), the code
 // that stands between a damaged or hostile checkpoint directory and every read of tensor data.
 // Input: one mode byte, then the meta.json text. Mode bit 0 set: every file meta.json lists
 // exists with the size it records (so the fuzzer reaches the tensor and chunk checks); clear:
@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "checkpoint_meta.h"
+#include "checkpoint/meta.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

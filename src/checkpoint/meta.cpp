@@ -1,5 +1,5 @@
-// meta.json of sharded checkpoints: parsing and validation (see checkpoint_meta.h).
-#include "checkpoint_meta.h"
+// meta.json of sharded checkpoints: parsing and validation (see meta.h).
+#include "checkpoint/meta.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 #include <map>
 #include <regex>
 
-#include "checkpoint_io.h"
+#include "checkpoint/file_io.h"
 
 namespace fsdp::detail {
 

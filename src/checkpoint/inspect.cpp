@@ -9,8 +9,8 @@
 #include <regex>
 #include <vector>
 
-#include "checkpoint_io.h"
-#include "checkpoint_meta.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/meta.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 

@@ -1,7 +1,7 @@
-// checkpoint_io.h (internal): the file operations checkpoints are made of — a file descriptor
+// checkpoint/file_io.h (internal): the file operations checkpoints are made of — a file descriptor
 // that reports errors as fsdp::Error naming the file, whole-file reads with a size limit, atomic
-// replacement, directory fsync and CRC-32. Used by checkpoint.cpp (writing and loading),
-// checkpoint_meta.cpp (meta.json) and checkpoint_inspect.cpp (verification). Not thread-safe per
+// replacement, directory fsync and CRC-32. Used by the sharded save and load,
+// meta.cpp (meta.json) and inspect.cpp (verification). Not thread-safe per
 // object; distinct objects may be used from different threads.
 #pragma once
 

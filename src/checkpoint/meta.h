@@ -1,4 +1,4 @@
-// checkpoint_meta.h (internal): a sharded checkpoint's meta.json as data (NOTE [checkpoint
+// checkpoint/meta.h (internal): a sharded checkpoint's meta.json as data (NOTE [checkpoint
 // format] in fsdp/checkpoint.h) and its reader. parse_meta validates everything meta.json says —
 // format and version, file names (plain names inside the directory), every file's recorded size
 // against its real size, dtypes, shapes (non-negative, no overflow), every chunk's element range

@@ -1,5 +1,5 @@
-// File operations of checkpoints (see checkpoint_io.h).
-#include "checkpoint_io.h"
+// File operations of checkpoints (see file_io.h).
+#include "checkpoint/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,0 +1,117 @@
+// Asynchronous sharded save (fsdp/async_checkpoint.h, NOTE [async checkpoint]): staging on the
+// caller's thread, the write on a background thread, the commit collective.
+#include "fsdp/async_checkpoint.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "checkpoint/save_phases.h"
+#include "fsdp/memory.h"
+#include "fsdp/runtime.h"
+
+namespace fsdp {
+
+using detail::chunk_bytes;
+using detail::chunk_data;
+using detail::commit_save;
+using detail::my_chunks;
+using detail::OptimizerKind;
+using detail::PendingSave;
+using detail::prepare_save;
+using detail::world_sum;
+using detail::write_shard_file;
+
+struct AsyncCheckpointer::Impl {
+  std::optional<PendingSave> pending;
+  at::Tensor staging;  // bytes, kept between saves
+  std::thread writer;
+  std::atomic<bool> written{false};
+  std::string write_error;  // set by the writer thread before `written`
+  std::string pending_path;
+  double last_blocked = 0;
+
+  ~Impl() {
+    if (writer.joinable()) writer.join();
+    detail::add_checkpoint_staging_bytes(-staging_bytes());
+  }
+  int64_t staging_bytes() const { return staging.defined() ? staging.numel() : 0; }
+  void join() {
+    if (writer.joinable()) writer.join();
+  }
+  CheckpointInfo commit() {
+    join();
+    PendingSave p = std::move(*pending);
+    pending.reset();
+    pending_path.clear();
+    return commit_save(p, write_error);
+  }
+};
+
+AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() = default;  // Impl joins the writer
+
+void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
+                             const torch::optim::Optimizer* optimizer,
+                             const TrainingState& state, const CheckpointOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  if (m.pending) m.commit();
+  m.pending = prepare_save(path, model, optimizer, state, options);
+  m.pending_path = path;
+  PendingSave& p = *m.pending;
+  // Stage this rank's file, laid out as on disk, so the writer needs nothing else.
+  const std::vector<int64_t> mine = my_chunks(p);
+  const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
+  if (!m.staging.defined() || m.staging.numel() < bytes) {
+    detail::add_checkpoint_staging_bytes(bytes - m.staging_bytes());
+    m.staging = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(
+                                       p.rt->device().is_cuda()));
+  }
+  const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
+  auto* base = m.staging.data_ptr<uint8_t>();
+  for (int64_t i : mine) {
+    const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
+    at::Tensor src = chunk_data(ch, p.layout, *p.engine, optimizer, kind);
+    std::memcpy(base + ch.offset, src.data_ptr(), static_cast<size_t>(chunk_bytes(ch, p.layout)));
+  }
+  // Write in the background (NOTE [async checkpoint]): files only, no collective.
+  m.written = false;
+  m.write_error.clear();
+  m.writer = std::thread([&m, base] {
+    // Below the training threads: the write waits for the disk, not for the CPU.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    m.write_error = write_shard_file(*m.pending, [&](int64_t i) -> const void* {
+      return base + m.pending->layout.chunks[static_cast<size_t>(i)].offset;
+    });
+    m.written = true;
+  });
+  m.last_blocked = seconds_since(t0);
+}
+
+std::optional<CheckpointInfo> AsyncCheckpointer::poll() {
+  Impl& m = *impl_;
+  if (!m.pending) return std::nullopt;
+  Runtime& rt = *m.pending->rt;
+  const at::Tensor done = at::full({1}, m.written ? 1 : 0, at::TensorOptions().dtype(at::kLong));
+  if (world_sum(rt, done).item<int64_t>() < rt.world_size()) return std::nullopt;
+  return m.commit();
+}
+
+std::optional<CheckpointInfo> AsyncCheckpointer::wait() {
+  Impl& m = *impl_;
+  if (!m.pending) return std::nullopt;
+  return m.commit();
+}
+
+bool AsyncCheckpointer::in_flight() const { return impl_->pending.has_value(); }
+const std::string& AsyncCheckpointer::in_flight_path() const { return impl_->pending_path; }
+int64_t AsyncCheckpointer::staging_bytes() const { return impl_->staging_bytes(); }
+double AsyncCheckpointer::last_blocked_seconds() const { return impl_->last_blocked; }
+
+}  // namespace fsdp

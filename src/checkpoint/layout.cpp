@@ -1,0 +1,196 @@
+// Where a sharded model's tensors go in a checkpoint, and rebuilding shards from saved chunks (see
+// checkpoint/layout.h).
+#include "checkpoint/layout.h"
+
+namespace fsdp::detail {
+
+std::vector<bool> fields_present(const OptimizerKind* kind, const torch::optim::Optimizer* o,
+                                 const UnitState& u) {
+  std::vector<bool> present;
+  if (!kind) return present;
+  const ParamState* st = find_state(*o, u.shard);
+  for (const auto& f : kind->fields) present.push_back(st && f.get(*st).defined());
+  return present;
+}
+
+Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const OptimizerKind* kind) {
+  Layout L;
+  const int64_t S = e.shard_group()->size();
+  L.file_bytes.assign(static_cast<size_t>(S), 0);
+  struct Slot {
+    const UnitState* unit;
+    const detail::ParamSlot* slot;
+    int64_t param_entry;
+    std::vector<int64_t> field_entries;  // -1 where absent
+  };
+  std::vector<Slot> slots;
+  for (const auto& u : e.unit_states()) {
+    const std::vector<bool> present = fields_present(kind, o, *u);
+    const ParamState* st = o ? find_state(*o, u->shard) : nullptr;
+    for (const auto& s : u->params) {
+      TensorEntry t;
+      t.name = s.name;
+      t.kind = "param";
+      t.shape = s.shape;
+      t.numel = s.numel;
+      t.aliases = s.aliases;
+      t.optim_state = st != nullptr;
+      if (st && kind->get_step) t.optim_step = kind->get_step(*st);
+      Slot slot{u.get(), &s, static_cast<int64_t>(L.entries.size()), {}};
+      L.entries.push_back(t);
+      for (size_t f = 0; f < present.size(); ++f) {
+        if (!present[f]) {
+          slot.field_entries.push_back(-1);
+          continue;
+        }
+        TensorEntry ft = t;
+        ft.kind = "optim";
+        ft.field = kind->fields[f].name;
+        ft.aliases.clear();
+        ft.optim_step.reset();
+        ft.optim_state = false;
+        slot.field_entries.push_back(static_cast<int64_t>(L.entries.size()));
+        L.entries.push_back(ft);
+      }
+      slots.push_back(std::move(slot));
+    }
+  }
+  // Chunks, file by file: a unit's params in flat order, each followed by its state fields.
+  for (int64_t s = 0; s < S; ++s) {
+    int64_t offset = 0;
+    for (const auto& slot : slots) {
+      const UnitState& u = *slot.unit;
+      const int64_t lo_shard = s * u.shard_numel, hi_shard = lo_shard + u.shard_numel;
+      const int64_t lo = std::max(lo_shard, slot.slot->offset);
+      const int64_t hi = std::min(hi_shard, slot.slot->offset + slot.slot->numel);
+      if (lo >= hi) continue;
+      auto add = [&](int64_t entry, int64_t field) {
+        Chunk c;
+        c.tensor = entry;
+        c.file = s;
+        c.offset = offset;
+        c.begin = lo - slot.slot->offset;
+        c.end = hi - slot.slot->offset;
+        c.unit = &u;
+        c.shard_offset = lo - lo_shard;
+        c.field = field;
+        offset += (hi - lo) * 4;
+        L.chunks.push_back(c);
+      };
+      add(slot.param_entry, -1);
+      for (size_t f = 0; f < slot.field_entries.size(); ++f) {
+        if (slot.field_entries[f] >= 0) add(slot.field_entries[f], static_cast<int64_t>(f));
+      }
+    }
+    L.file_bytes[static_cast<size_t>(s)] = offset;
+  }
+  // Buffers: whole, in shard-0.bin.
+  for (const auto& b : e.root_module().named_buffers()) {
+    TensorEntry t;
+    t.name = b.key();
+    t.kind = "buffer";
+    t.dtype = b.value().scalar_type();
+    (void)dtype_name(t.dtype);
+    t.shape = b.value().sizes().vec();
+    t.numel = b.value().numel();
+    Chunk c;
+    c.tensor = static_cast<int64_t>(L.entries.size());
+    c.file = 0;
+    c.offset = L.file_bytes[0];
+    c.begin = 0;
+    c.end = t.numel;
+    L.file_bytes[0] += t.numel * static_cast<int64_t>(c10::elementSize(t.dtype));
+    L.entries.push_back(t);
+    L.chunks.push_back(c);
+  }
+  return L;
+}
+
+std::string shard_file_name(int64_t s) { return cat("shard-", s, ".bin"); }
+
+int64_t chunk_bytes(const Chunk& c, const Layout& L) {
+  return (c.end - c.begin) *
+         static_cast<int64_t>(c10::elementSize(L.entries[static_cast<size_t>(c.tensor)].dtype));
+}
+
+at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
+                      const torch::optim::Optimizer* o, const OptimizerKind* kind) {
+  const TensorEntry& t = L.entries[static_cast<size_t>(c.tensor)];
+  if (t.kind == "buffer") {
+    for (const auto& b : e.root_module().named_buffers()) {
+      if (b.key() == t.name) return b.value().detach().cpu().contiguous();
+    }
+    TORCH_INTERNAL_ASSERT(false, "buffer ", t.name, " vanished");
+  }
+  at::Tensor flat = c.field < 0 ? c.unit->shard.detach()
+                                : kind->fields[static_cast<size_t>(c.field)].get(*find_state(*o, c.unit->shard));
+  return flat.reshape({-1}).narrow(0, c.shard_offset, c.end - c.begin).cpu().contiguous();
+}
+
+at::Tensor read_chunk(const Meta& m, const Chunk& c, std::map<int64_t, std::unique_ptr<File>>& open) {
+  const TensorEntry& t = m.entries[static_cast<size_t>(c.tensor)];
+  auto& f = open[c.file];
+  const std::string name = m.files[static_cast<size_t>(c.file)].name;
+  if (!f) f = std::make_unique<File>(m.path + "/" + name, O_RDONLY);
+  at::Tensor out = at::empty({c.end - c.begin}, at::TensorOptions().dtype(t.dtype));
+  const int64_t n = out.numel() * static_cast<int64_t>(out.element_size());
+  f->read_at(out.data_ptr(), n, c.offset);
+  FSDP_CHECK(crc32_of(out.data_ptr(), n) == c.crc, "checkpoint '", m.path, "': '", name,
+             "' is corrupted (CRC-32 mismatch at byte ", c.offset, ", ", t.key(),
+             "); use an earlier checkpoint");
+  return out;
+}
+
+std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source) {
+  std::vector<at::Tensor> shards;
+  for (const auto& u : e.unit_states()) {
+    at::Tensor shard = at::zeros({u->shard_numel}, at::TensorOptions().dtype(at::kFloat));
+    const int64_t begin = e.shard_group()->rank() * u->shard_numel, end = begin + u->shard_numel;
+    for (const auto& s : u->params) {
+      const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+      if (lo >= hi) continue;
+      shard.narrow(0, lo - begin, hi - lo)
+          .copy_(source(s.name, lo - s.offset, hi - s.offset).to(at::kFloat));
+    }
+    shards.push_back(shard);
+  }
+  return shards;
+}
+
+void commit_shards(Engine& e, const std::vector<at::Tensor>& shards) {
+  torch::NoGradGuard no_grad;
+  const auto& units = e.unit_states();
+  for (size_t i = 0; i < units.size(); ++i) {
+    units[i]->shard.detach().copy_(shards[i].to(units[i]->shard.device()));
+  }
+  e.drop_gathered();
+}
+
+void check_names(const std::map<std::string, std::vector<int64_t>>& want,
+                 const std::map<std::string, std::vector<int64_t>>& have, const std::string& what) {
+  std::vector<std::string> problems;
+  for (const auto& [name, shape] : want) {
+    auto it = have.find(name);
+    if (it == have.end()) {
+      problems.push_back(cat("missing '", name, "'"));
+    } else if (it->second != shape) {
+      problems.push_back(cat("'", name, "' has shape ", shape_text(it->second), " but the model's is ",
+                             shape_text(shape)));
+    }
+  }
+  for (const auto& [name, shape] : have) {
+    if (!want.count(name)) problems.push_back(cat("unexpected '", name, "'"));
+  }
+  FSDP_CHECK(problems.empty(), what, " does not match the model (", problems.size(),
+             problems.size() == 1 ? " problem" : " problems", "): ", join_problems(problems),
+             "; load it into the model it was saved from");
+}
+
+std::map<std::string, std::vector<int64_t>> model_shapes(torch::nn::Module& m) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().sizes().vec();
+  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().sizes().vec();
+  return out;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,58 @@
+// checkpoint/save_phases.h (internal): a sharded save in three phases, shared by save_checkpoint
+// and AsyncCheckpointer (NOTE [async checkpoint] in fsdp/async_checkpoint.h): prepare_save
+// (collective), write_shard_file (local, any thread), commit_save (collective).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/layout.h"
+
+namespace fsdp::detail {
+
+// A sharded save between its phases.
+struct PendingSave {
+  std::string path, partial, what;
+  Runtime* rt = nullptr;
+  std::shared_ptr<Engine> engine;  // keeps the chunks' unit pointers valid
+  Layout layout;
+  std::optional<OptimizerKind> kind;
+  std::vector<double> lrs;
+  std::string meta_state;
+  int64_t s_index = 0;
+  bool writer = false;
+  at::Tensor crcs;  // per chunk its CRC, then per file its CRC (summed over ranks at commit)
+  at::Tensor rng;   // this rank's generator state at the save
+  std::chrono::steady_clock::time_point t0;
+};
+
+// 1. Validates (every rank) and creates "<path>.partial" (rank 0); the layout, this rank's role
+// and its RNG state. Collective (store only).
+PendingSave prepare_save(const std::string& path, FullyShardedModule& model,
+                         const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                         const CheckpointOptions& options);
+
+// The chunks of the file this rank writes (none unless it is its shard index's writer), in
+// file order.
+std::vector<int64_t> my_chunks(const PendingSave& p);
+
+// 2. The writer of each shard index writes its file from `bytes(chunk)` (the chunk's data,
+// chunk_bytes long) and fsyncs it, recording the CRCs. Local: no collective, no model access
+// unless `bytes` reads the model. Returns "" or the error message.
+std::string write_shard_file(PendingSave& p,
+                             const std::function<const void*(int64_t chunk)>& bytes);
+
+// 3 and 4. Every rank reports how its write went (a failure anywhere stops the save on every
+// rank); the CRCs and every rank's RNG state are collected; rank 0 writes rng.bin and meta.json
+// and renames the directory into place. Collective.
+CheckpointInfo commit_save(PendingSave& p, const std::string& write_error);
+
+// Sums a small CPU tensor over the world on the runtime's device (ProcessGroupNCCL takes device
+// tensors only); the result is on the CPU.
+at::Tensor world_sum(Runtime& rt, const at::Tensor& t);
+
+}  // namespace fsdp::detail
