@@ -50,6 +50,9 @@ std::shared_ptr<Runtime> runtime_for(const FSDPStrategy& strategy, std::shared_p
 // "(root)" for the root unit's empty path.
 std::string display(const std::string& unit_name);
 
+// A tensor's bytes as the engine's signed counters hold them.
+inline int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+
 struct ParamSlot {
   std::string name;                 // first name in the model
   std::vector<std::string> aliases; // further names of the same tensor (tied weights)
