@@ -18,13 +18,17 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-namespace detail {
+// Every part streamed (operator<<) into one string: how the library builds its messages, public
+// so that programs build theirs the same way, e.g. fsdp::cat("rank ", r, ": ", what).
 template <class... Parts>
 std::string cat(const Parts&... parts) {
   std::ostringstream os;
   (os << ... << parts);
   return os.str();
 }
+
+namespace detail {
+using fsdp::cat;  // the library's code says detail::cat
 }  // namespace detail
 
 // One-line message of any exception: c10::Error loses its C++ backtrace, other text is cut at
@@ -36,5 +40,5 @@ std::string error_message(const std::exception& e);
 // Throws fsdp::Error with the concatenated message parts unless `cond` holds.
 #define FSDP_CHECK(cond, ...)                                      \
   do {                                                             \
-    if (!(cond)) throw ::fsdp::Error(::fsdp::detail::cat(__VA_ARGS__)); \
+    if (!(cond)) throw ::fsdp::Error(::fsdp::cat(__VA_ARGS__));     \
   } while (0)

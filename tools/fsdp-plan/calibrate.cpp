@@ -20,7 +20,7 @@
 
 namespace fsdp_plan {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 void add_calibrate_flags(CLI::App& app, CalibrateOptions& o, bool& enabled) {
   const char* g = "Calibration";

@@ -56,7 +56,7 @@ c10::ScalarType parse_dtype(const std::string& flag, const std::string& v) {
   if (v == "fp32") return c10::kFloat;
   if (v == "bf16") return c10::kBFloat16;
   if (v == "fp16") return c10::kHalf;
-  throw fsdp::Error(fsdp::detail::cat(flag, " '", v, "' is unknown; use fp32, bf16 or fp16"));
+  throw fsdp::Error(fsdp::cat(flag, " '", v, "' is unknown; use fp32, bf16 or fp16"));
 }
 
 fsdp::ModelSpec model_from(const Flags& f) {
@@ -123,7 +123,7 @@ std::string list_text() {
   s += "model presets:\n";
   for (const auto& n : fsdp::model_preset_names()) {
     const auto m = fsdp::model_preset(n);
-    s += fsdp::detail::cat("  ", n, ": ", fsdp::format_count(double(m.parameters())),
+    s += fsdp::cat("  ", n, ": ", fsdp::format_count(double(m.parameters())),
                            " parameters, ", m.layers, " blocks, d ", m.hidden, ", ", m.heads,
                            " heads, seq ", m.seq_len, ", vocab ", m.vocab, "\n");
   }

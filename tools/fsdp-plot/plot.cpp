@@ -17,7 +17,7 @@
 
 namespace fsdp_plot {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 LossCurve read_metrics(const std::string& path) {
   std::ifstream in(path);

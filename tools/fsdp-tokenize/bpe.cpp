@@ -15,7 +15,7 @@
 
 namespace fsdp_tokenize {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 namespace {
 

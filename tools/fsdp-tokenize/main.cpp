@@ -24,7 +24,7 @@
 
 namespace {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 int fail(int code, const std::string& message) {
   std::string line = message;

@@ -17,7 +17,7 @@
 
 namespace fsdp_train {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 int64_t LlmcTensor::numel() const {
   int64_t n = 1;

@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     // Name the rank, unless the message already starts with it.
     const std::string message = fsdp::error_message(e);
     const std::string where = env.world_size > 1 && message.rfind("rank ", 0) != 0
-                                  ? fsdp::detail::cat("rank ", env.rank, ": ")
+                                  ? fsdp::cat("rank ", env.rank, ": ")
                                   : std::string();
     if (env.rank == 0 && !o.quiet && ::isatty(2)) std::cerr << "\n";  // leave the progress bar
     return fail(1, message, where);

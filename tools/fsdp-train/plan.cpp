@@ -49,7 +49,7 @@ int run_plan(const TrainOptions& o, const TrainPlan& p) {
     std::cout << plan.to_json() << "\n";
     return 0;
   }
-  const std::string mine = fsdp::detail::cat(fsdp::to_string(s.strategy), " (",
+  const std::string mine = fsdp::cat(fsdp::to_string(s.strategy), " (",
                                              s.replicate_size(), ", ", s.shard_size(), ")");
   std::cout << "fsdp-train --plan: cluster " << cluster.name
             << (cluster.name == "this-machine" ? " (preset; fsdp-plan --calibrate measures it)"

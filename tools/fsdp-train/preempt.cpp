@@ -22,7 +22,7 @@ extern char** environ;
 
 namespace fsdp_train {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 namespace fsdp_train {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 namespace {
 

@@ -16,7 +16,7 @@
 
 namespace fsdp_train {
 
-using fsdp::detail::cat;
+using fsdp::cat;
 
 const char* to_string(DataFormat f) {
   switch (f) {
