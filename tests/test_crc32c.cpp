@@ -56,3 +56,13 @@ TEST(Crc32c, ContinuesAcrossCalls) {
     EXPECT_EQ(crc32c_portable(buf.data() + cut, 1000 - cut, crc32c_portable(buf.data(), cut)), whole);
   }
 }
+
+TEST(Crc32c, LargeBuffersAgree) {
+  std::mt19937 rng(11);
+  std::vector<uint8_t> buf((1 << 20) + 4099);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (int64_t len : {int64_t{3 * 1024}, int64_t{3 * 1024 + 5}, int64_t{1 << 20}, int64_t{(1 << 20) + 4093}}) {
+    const uint8_t* p = buf.data() + 3;
+    EXPECT_EQ(crc32c(p, len), bitwise(p, len)) << len;
+  }
+}
