@@ -16,6 +16,7 @@
 
 #include "deferred_init_internal.h"
 #include "fsdp/error.h"
+#include "shard_slice.h"
 
 namespace fsdp {
 namespace detail {
@@ -146,7 +147,7 @@ void Engine::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& 
   }
   for (auto& u : units_) {
     if (u->padded == 0) continue;
-    const int64_t begin = shard_rank_ * u->shard_numel, end = begin + u->shard_numel;
+    const int64_t begin = shard_rank_ * u->shard_numel;
     at::Tensor shard = u->shard.detach();
     shard.zero_();
     for (const auto& s : u->params) {
@@ -154,11 +155,10 @@ void Engine::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& 
       FSDP_CHECK(v, "state dict has no entry '", s.name, "'");
       FSDP_CHECK(v->sizes().vec() == s.shape, "state dict entry '", s.name, "' has shape ",
                  v->sizes(), " but the model's parameter has ", c10::IntArrayRef(s.shape));
-      // The part of [s.offset, s.offset + numel) inside this rank's [begin, end).
-      const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-      if (lo >= hi) continue;
-      shard.narrow(0, lo - begin, hi - lo)
-          .copy_(v->reshape({-1}).narrow(0, lo - s.offset, hi - lo).to(shard.options()));
+      const auto sl = shard_slice(begin, u->shard_numel, s.offset, s.numel);
+      if (sl.empty()) continue;
+      shard.narrow(0, sl.in_shard(), sl.numel())
+          .copy_(v->reshape({-1}).narrow(0, sl.in_param(), sl.numel()).to(shard.options()));
     }
     if (u->aliased) continue;
     reshard(*u);  // gathered copies are stale now

@@ -1,6 +1,7 @@
 // Where a sharded model's tensors go in a checkpoint, and rebuilding shards from saved chunks (see
 // checkpoint/layout.h).
 #include "checkpoint/layout.h"
+#include "shard_slice.h"
 
 namespace fsdp::detail {
 
@@ -60,10 +61,10 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
     int64_t offset = 0;
     for (const auto& slot : slots) {
       const UnitState& u = *slot.unit;
-      const int64_t lo_shard = s * u.shard_numel, hi_shard = lo_shard + u.shard_numel;
-      const int64_t lo = std::max(lo_shard, slot.slot->offset);
-      const int64_t hi = std::min(hi_shard, slot.slot->offset + slot.slot->numel);
-      if (lo >= hi) continue;
+      const int64_t lo_shard = s * u.shard_numel;
+      const auto sl = detail::shard_slice(lo_shard, u.shard_numel, slot.slot->offset, slot.slot->numel);
+      if (sl.empty()) continue;
+      const int64_t lo = sl.lo, hi = sl.hi;
       auto add = [&](int64_t entry, int64_t field) {
         Chunk c;
         c.tensor = entry;
@@ -145,12 +146,12 @@ std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source)
   std::vector<at::Tensor> shards;
   for (const auto& u : e.unit_states()) {
     at::Tensor shard = at::zeros({u->shard_numel}, at::TensorOptions().dtype(at::kFloat));
-    const int64_t begin = e.shard_group()->rank() * u->shard_numel, end = begin + u->shard_numel;
+    const int64_t begin = e.shard_group()->rank() * u->shard_numel;
     for (const auto& s : u->params) {
-      const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-      if (lo >= hi) continue;
-      shard.narrow(0, lo - begin, hi - lo)
-          .copy_(source(s.name, lo - s.offset, hi - s.offset).to(at::kFloat));
+      const auto sl = detail::shard_slice(begin, u->shard_numel, s.offset, s.numel);
+      if (sl.empty()) continue;
+      shard.narrow(0, sl.in_shard(), sl.numel())
+          .copy_(source(s.name, sl.in_param(), sl.in_param_end()).to(at::kFloat));
     }
     shards.push_back(shard);
   }

@@ -2,6 +2,7 @@
 // model's layout (see fsdp/checkpoint.h, NOTE [checkpoint format]).
 #include "checkpoint/layout.h"
 #include "compat.h"
+#include "shard_slice.h"
 #include "fsdp/runtime.h"
 
 namespace fsdp {
@@ -98,16 +99,17 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
         }
         if (st) {
           if (kind->set_step) kind->set_step(*st, step);
-          const int64_t begin = s * u->shard_numel, end = begin + u->shard_numel;
+          const int64_t begin = s * u->shard_numel;
           for (const auto& f : kind->fields) {
             at::Tensor flat;
             for (const auto& slot : u->params) {
               auto it = entry_of.find(cat("optim/", f.name, "/", slot.name));
               if (it == entry_of.end()) continue;
               if (!flat.defined()) flat = at::zeros({u->shard_numel}, at::kFloat);
-              const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
-              if (lo >= hi) continue;
-              flat.narrow(0, lo - begin, hi - lo).copy_(slice(it->second, lo - slot.offset, hi - slot.offset));
+              const auto sl = detail::shard_slice(begin, u->shard_numel, slot.offset, slot.numel);
+              if (sl.empty()) continue;
+              flat.narrow(0, sl.in_shard(), sl.numel())
+                  .copy_(slice(it->second, sl.in_param(), sl.in_param_end()));
             }
             if (flat.defined()) f.set(*st, flat.to(u->shard.device()));
           }
