@@ -90,7 +90,8 @@ bool set_heap_policy(HeapPolicy policy) {
   const bool retain = policy == HeapPolicy::kRetain;
   // mallopt returns 1 on success; sanitizers' allocators take the call and return 0.
   return ::mallopt(M_MMAP_THRESHOLD, retain ? kRetainMmapThreshold : kLeanMmapThreshold) == 1 &&
-         ::mallopt(M_TRIM_THRESHOLD, retain ? kRetainTrimThreshold : kLeanTrimThreshold) == 1;
+         ::mallopt(M_TRIM_THRESHOLD, retain ? kRetainTrimThreshold : kLeanTrimThreshold) == 1 &&
+         ::mallopt(M_MMAP_MAX, retain ? kRetainMmapMax : kLeanMmapMax) == 1;
 #else
   return false;
 #endif
@@ -105,6 +106,44 @@ void set_threads(int64_t threads) {
     fn(static_cast<int>(threads));
   }
 }
+
+namespace detail {
+
+// NOTE [quiet glog]: glog's minimum level is one process-wide flag, and ranks running as threads
+// (tests) connect to their stores at the same time. Each scope saving and restoring the level
+// itself would race: A saves 0 and sets 3, B saves 3, A restores 0, B restores 3, and glog stays
+// quiet for good. So the scopes are counted under one mutex: the first saves the level, the last
+// restores it.
+namespace {
+std::mutex glog_mutex;
+int glog_scopes = 0;
+int glog_saved_level = 0;
+}  // namespace
+
+int* glog_min_level() {
+  static int* const level =
+      static_cast<int*>(dlsym(RTLD_DEFAULT, "_ZN3fLI17FLAGS_minloglevelE"));
+  return level;
+}
+
+QuietGlog::QuietGlog() {
+  int* level = glog_min_level();
+  if (!level) return;
+  std::lock_guard<std::mutex> lock(glog_mutex);
+  if (glog_scopes++ == 0) {
+    glog_saved_level = *level;
+    *level = 3;  // FATAL only
+  }
+}
+
+QuietGlog::~QuietGlog() {
+  int* level = glog_min_level();
+  if (!level) return;
+  std::lock_guard<std::mutex> lock(glog_mutex);
+  if (--glog_scopes == 0) *level = glog_saved_level;
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -193,28 +232,6 @@ int listen_on_master_address(const std::string& host, int port) {
                           last_error, "): rank 0 hosts the rendezvous store, so --master-addr / "
                           "MASTER_ADDR must be an address of rank 0's own host"));
 }
-
-// c10d logs every retry of a failing connection through glog (a line a second, after a "Logging
-// before InitGoogleLogging" banner), and the error we throw already carries the reason: keep
-// glog quiet while a rank connects to the store. A no-op where libtorch does not log via glog.
-class QuietGlog {
- public:
-  QuietGlog() : level_(static_cast<int*>(dlsym(RTLD_DEFAULT, "_ZN3fLI17FLAGS_minloglevelE"))) {
-    if (level_) {
-      saved_ = *level_;
-      *level_ = 3;  // FATAL only
-    }
-  }
-  ~QuietGlog() {
-    if (level_) *level_ = saved_;
-  }
-  QuietGlog(const QuietGlog&) = delete;
-  QuietGlog& operator=(const QuietGlog&) = delete;
-
- private:
-  int* level_;
-  int saved_ = 0;
-};
 
 std::string seconds(std::chrono::milliseconds ms) {
   return detail::cat(static_cast<double>(ms.count()) / 1000.0, " s");
@@ -422,7 +439,7 @@ std::shared_ptr<Runtime> Runtime::init(const ClusterEnv& env, const RuntimeOptio
     compat::set_store_listen_fd(opts, listen_on_master_address(env.master_addr, env.master_port));
   }
   try {
-    QuietGlog quiet;
+    detail::QuietGlog quiet;
     impl->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     if (env.use_agent_store) {
       // The agent's store outlives restarts: each attempt keeps to its own keys, with the prefix

@@ -29,4 +29,19 @@ BackendChoice choose_backend(Backend requested, bool cuda_built, int64_t visible
 // per local rank no mesh can put two ranks on one GPU.
 void check_one_gpu_per_rank(int64_t local_rank, int64_t local_world_size, int64_t visible_gpus);
 
+// c10d logs every retry of a failing connection through glog (a line a second, after a "Logging
+// before InitGoogleLogging" banner), and the error we throw already carries the reason: glog
+// stays quiet (FATAL only) while any QuietGlog lives. Scopes may overlap across threads: the
+// level in effect before the first is restored when the last ends (NOTE [quiet glog] in
+// runtime.cpp). A no-op where libtorch does not log via glog.
+class QuietGlog {
+ public:
+  QuietGlog();
+  ~QuietGlog();
+  QuietGlog(const QuietGlog&) = delete;
+  QuietGlog& operator=(const QuietGlog&) = delete;
+};
+// glog's FLAGS_minloglevel in this process, or nullptr where libtorch does not use glog.
+int* glog_min_level();
+
 }  // namespace fsdp::detail

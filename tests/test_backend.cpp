@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <memory>
 #include <string>
 
 #include "fsdp/error.h"
@@ -88,6 +89,16 @@ void expect_retained() {
   std::free(block);
   const struct mallinfo2 after = ::mallinfo2();
   EXPECT_GE(after.fordblks, kBlock) << "the freed block went back to the system";
+  // Over the mmap threshold too (M_MMAP_MAX 0): no mapping of its own, kept after free.
+  constexpr size_t kLarge = 96 << 20;
+  static_assert(kLarge > kRetainMmapThreshold);
+  const struct mallinfo2 large_before = ::mallinfo2();
+  void* large = std::malloc(kLarge);
+  ASSERT_NE(large, nullptr);
+  std::memset(large, 1, kLarge);
+  EXPECT_EQ(::mallinfo2().hblkhd, large_before.hblkhd) << "the large block was mmapped";
+  std::free(large);
+  EXPECT_GE(::mallinfo2().fordblks, kLarge) << "the freed large block went back to the system";
 }
 
 TEST(Backend, NcclWithoutAVisibleGpuIsAClearError) {
@@ -127,6 +138,25 @@ TEST(Backend, RuntimeReportsItsChoice) {
                          detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
                        }),
                        "; use --backend gloo (or auto)");
+}
+
+// Two ranks (threads) connecting at once each quiet glog: whichever scope ends first, the level
+// from before both comes back when the last ends, not the other scope's FATAL-only.
+TEST(Runtime, OverlappingQuietGlogScopesRestoreTheOriginalLevel) {
+  int* level = detail::glog_min_level();
+  if (!level) GTEST_SKIP() << "this libtorch does not log via glog";
+  const int original = *level;
+  *level = 1;
+  {
+    auto a = std::make_unique<detail::QuietGlog>();
+    EXPECT_EQ(*level, 3);
+    auto b = std::make_unique<detail::QuietGlog>();
+    a.reset();  // a ends first: b still wants quiet
+    EXPECT_EQ(*level, 3);
+    b.reset();
+  }
+  EXPECT_EQ(*level, 1);
+  *level = original;
 }
 
 // kRetain: a block under the mmap threshold comes from the heap, and freeing it keeps it there
