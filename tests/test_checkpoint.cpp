@@ -10,6 +10,8 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <zlib.h>
 
 #include "compat.h"
 #include "fsdp/checkpoint.h"
@@ -389,6 +391,62 @@ TEST_F(BadCheckpoint, OtherModelListsEveryMismatch) {
      "[9, 33]; unexpected 'block2.fc1.bias'");
 }
 
+// A checkpoint of format 1 (zlib's CRC-32 under the key "crc32"), made from the good format-2
+// one by recomputing every checksum the way format 1 did (tests/ owns this converter, so it does
+// not share the library's code): it verifies, loads into the same state as the format-2 original,
+// and a damaged byte is named as a CRC-32 mismatch.
+TEST_F(BadCheckpoint, FormatOneStillLoads) {
+  const std::string v1 = copy();
+  auto file_bytes = [&](const std::string& name) {
+    std::ifstream in(v1 + "/" + name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto crc32 = [](const std::string& data, int64_t offset, int64_t n) {
+    return static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(data.data() + offset),
+                                         static_cast<uInt>(n)));
+  };
+  edit_meta(v1, [&](nlohmann::json& j) {
+    ASSERT_EQ(j["format_version"], 2);
+    j["format_version"] = 1;
+    for (auto& f : j["files"]) {
+      const std::string data = file_bytes(f["name"]);
+      f.erase("crc32c");
+      f["crc32"] = crc32(data, 0, static_cast<int64_t>(data.size()));
+    }
+    for (auto& t : j["tensors"]) {
+      const int64_t elem = t["dtype"] == "F32" ? 4 : t["dtype"] == "I64" ? 8 : 0;
+      ASSERT_GT(elem, 0) << t.dump();
+      for (auto& c : t["chunks"]) {
+        const std::string data = file_bytes(c["file"]);
+        const int64_t n = (c["end"].get<int64_t>() - c["begin"].get<int64_t>()) * elem;
+        c.erase("crc32c");
+        c["crc32"] = crc32(data, c["offset"].get<int64_t>(), n);
+      }
+    }
+  });
+  EXPECT_EQ(verify_checkpoint(v1).format_version, 1);
+  std::mutex mu;
+  std::map<std::string, std::string> loaded;  // version -> state dict text
+  for (const std::string& dir : {v1, *tmp_ / "good"}) {
+    run_ranks(2, [&](Runtime& rt) {
+      auto model = shard(make_net(), strategy(ShardingStrategy::kFullShard, {2}), borrow(rt));
+      auto opt = make_adamw(model);
+      load_checkpoint(dir, model, &opt);
+      std::ostringstream os;
+      for (const auto& kv : model.state_dict()) os << kv.key() << kv.value() << "\n";
+      std::lock_guard<std::mutex> lock(mu);
+      if (rt.rank() == 0) loaded[dir] = os.str();
+    });
+  }
+  EXPECT_EQ(loaded.at(v1), loaded.at(*tmp_ / "good"));
+  {
+    std::fstream f(v1 + "/shard-1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x55');
+  }
+  load_on_two(v1, "is corrupted (CRC-32 mismatch");
+}
+
 TEST_F(BadCheckpoint, CorruptedByte) {
   const std::string dir = copy();
   {
@@ -396,7 +454,7 @@ TEST_F(BadCheckpoint, CorruptedByte) {
     f.seekp(100);
     f.put('\x55');
   }
-  load_on_two(dir, "is corrupted (CRC-32 mismatch");
+  load_on_two(dir, "is corrupted (CRC-32C mismatch");
 }
 
 TEST_F(BadCheckpoint, TruncatedFile) {
@@ -414,7 +472,7 @@ TEST_F(BadCheckpoint, MissingShardFile) {
 TEST_F(BadCheckpoint, FutureFormatVersion) {
   const std::string dir = copy();
   edit_meta(dir, [](nlohmann::json& j) { j["format_version"] = 99; });
-  load_on_two(dir, "was written by format 99; this fsdp.cpp reads up to 1");
+  load_on_two(dir, "was written by format 99; this fsdp.cpp reads up to 2");
 }
 
 TEST_F(BadCheckpoint, NotACheckpoint) {

@@ -78,7 +78,7 @@ TEST(CheckpointMeta, EveryDamageIsRefusedBeforeAnyByteIsRead) {
   parse_edited([](nlohmann::json&) {});  // the untouched meta.json is accepted
   const int64_t big = int64_t(1) << 40;
   expect_refused([](auto& j) { j["format_version"] = 999; },
-                 "was written by format 999; this fsdp.cpp reads up to 1");
+                 "was written by format 999; this fsdp.cpp reads up to 2");
   expect_refused([](auto& j) { j["format_version"] = 0; }, "has an invalid format version 0");
   expect_refused([](auto& j) { j["files"][0]["name"] = "../../../etc/passwd"; },
                  "lists an invalid file '../../../etc/passwd'");
@@ -96,8 +96,8 @@ TEST(CheckpointMeta, EveryDamageIsRefusedBeforeAnyByteIsRead) {
   expect_refused([](auto& j) { j["tensors"][0]["shape"] = {-1, 33}; }, "has an invalid shape");
   expect_refused([&](auto& j) { j["tensors"][0]["shape"] = {big, big}; }, "has an invalid shape");
   expect_refused([](auto& j) { j["tensors"][0]["shape"] = {1e300}; }, "has an invalid 'shape'");
-  expect_refused([](auto& j) { j["tensors"][0]["chunks"][0]["crc32"] = -1; },
-                 "has an invalid 'crc32'");
+  expect_refused([](auto& j) { j["tensors"][0]["chunks"][0]["crc32c"] = -1; },
+                 "has an invalid 'crc32c'");
   expect_refused([](auto& j) { j["files"][0]["bytes"] = 7; },
                  "'shard-0.bin' has ");  // the recorded size against the real one
   expect_refused([](auto& j) { j["files"][0]["name"] = "shard-9.bin"; },

@@ -116,7 +116,7 @@ TEST(TrainResume, EveryDamageOfTheNewestCheckpointFailsOnEveryRank) {
        "meta.json is not valid JSON"},
       {"a newer format version", {2},
        [](const std::string& c) { edit_meta(c, [](nlohmann::json& j) { j["format_version"] = 999; }); },
-       "was written by format 999; this fsdp.cpp reads up to 1"},
+       "was written by format 999; this fsdp.cpp reads up to 2"},
       {"a file outside the directory", {2},
        [](const std::string& c) {
          edit_meta(c, [](nlohmann::json& j) { j["files"][0]["name"] = "../../../etc/passwd"; });
@@ -128,7 +128,7 @@ TEST(TrainResume, EveryDamageOfTheNewestCheckpointFailsOnEveryRank) {
          f.seekp(100);
          f.put('\x55');
        },
-       "is corrupted (CRC-32 mismatch"},
+       "is corrupted (CRC-32C mismatch"},
       {"step 4 missing a file, step 2 complete", {2, 4},
        [](const std::string& c) { fs::remove(c + "/shard-1.bin"); },
        "the newest checkpoint in "},
@@ -150,7 +150,7 @@ TEST(TrainResume, EveryDamageOfTheNewestCheckpointFailsOnEveryRank) {
     SCOPED_TRACE(row.what);
     EXPECT_NE(r.exit_code(), 0) << r.output;
     EXPECT_EQ(ranks_saying(r.output, row.expected), (std::set<int>{0, 1})) << r.output;
-    if (row.expected != "is corrupted (CRC-32 mismatch") {  // found by reading, not by meta.json
+    if (row.expected != "is corrupted (CRC-32C mismatch") {  // found by reading, not by meta.json
       EXPECT_EQ(ranks_saying(r.output, std::string("the newest checkpoint in ") + dir + ", " + newest +
                                            ", cannot be loaded"),
                 (std::set<int>{0, 1}))
@@ -214,9 +214,9 @@ TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
   const std::string dir = copy_of(tmp, "ck", {2, 4});
   auto r = run({kTrain, "--check-checkpoint", dir + "/step-00000004"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (every file's size and CRC-32 checked)"),
+  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (every file's size and CRC-32C checked)"),
             std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("step 4, format 1, FULL_SHARD on mesh (1, 2), world 2, optimizer adamw, "
+  EXPECT_NE(r.output.find("step 4, format 2, FULL_SHARD on mesh (1, 2), world 2, optimizer adamw, "
                           "RNG saved"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("111 tensors (137.0 k parameters), 4 files, "), std::string::npos)
@@ -233,7 +233,7 @@ TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
   EXPECT_EQ(r.exit_code(), 1) << r.output;
   EXPECT_NE(r.output.find(dir + "/step-00000002: valid"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(dir + "/step-00000004: INVALID: checkpoint '" + dir +
-                          "/step-00000004': 'shard-0.bin' is corrupted (CRC-32 mismatch at byte 0, "),
+                          "/step-00000004': 'shard-0.bin' is corrupted (CRC-32C mismatch at byte 0, "),
             std::string::npos)
       << r.output;
   r = run({kTrain, "--check-checkpoint", tmp / "nothing"});

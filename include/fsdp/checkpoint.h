@@ -30,14 +30,15 @@
 //   meta.json      written last: format version, strategy, mesh, world size, the caller's state,
 //                  the optimizer's type and learning rates, and for every tensor (parameters,
 //                  buffers, optimizer state per original parameter name) its shape, dtype and
-//                  chunks: file, byte offset, element range, CRC-32; every file's size and CRC-32
+//                  chunks: file, byte offset, element range, CRC-32C; every file's size and
+//                  CRC-32C (format 2; format-1 checkpoints, with zlib's CRC-32, still load)
 // The directory is written as "<path>.partial" and renamed to <path> only after every rank has
 // written and fsync'ed its files and rank 0 has written meta.json, so a crash at any moment
 // leaves earlier checkpoints intact; latest_checkpoint() only considers complete "step-N"
 // directories, and list_checkpoints() says what every entry is and why one cannot be loaded.
 // Loading maps every chunk by parameter name and element range onto the new layout, so the
 // saving and loading meshes are unrelated; every size and offset read from a file
-// is checked against the file before use, and every chunk's CRC-32 is verified on read.
+// is checked against the file before use, and every chunk's checksum is verified on read.
 // The directory must be on a filesystem every rank sees (one machine, or a shared filesystem).
 #pragma once
 
@@ -150,7 +151,7 @@ struct CheckpointSummary {
 };
 
 // Validates the checkpoint at `path` completely, without a cluster or a model: meta.json as
-// list_checkpoints does, then every byte of every file against its chunks' and its own CRC-32.
+// list_checkpoints does, then every byte of every file against its chunks' and its own checksum.
 // Throws fsdp::Error naming the file and the problem. Local; reads the whole checkpoint.
 CheckpointSummary verify_checkpoint(const std::string& path);
 

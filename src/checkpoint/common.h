@@ -71,6 +71,9 @@ using detail::UnitState;
 using detail::write_file_atomically;
 
 using detail::capture;
+using detail::checksum_key;
+using detail::checksum_name;
+using detail::format_checksum;
 using detail::cpu_rng_state;
 using detail::join_problems;
 using detail::seconds_since;

@@ -167,8 +167,8 @@ CheckpointSummary verify_checkpoint(const std::string& path) {
       while (pos < end) {
         const int64_t n = std::min(kBlock, end - pos);
         file.read_at(buf.data(), n, pos);
-        file_crc = detail::crc32_of(buf.data(), n, file_crc);
-        if (chunk_crc) *chunk_crc = detail::crc32_of(buf.data(), n, *chunk_crc);
+        file_crc = detail::format_checksum(m.format_version, buf.data(), n, file_crc);
+        if (chunk_crc) *chunk_crc = detail::format_checksum(m.format_version, buf.data(), n, *chunk_crc);
         pos += n;
       }
     };
@@ -182,12 +182,14 @@ CheckpointSummary verify_checkpoint(const std::string& path) {
       uint32_t crc = 0;
       consume(c->offset + bytes, &crc);
       FSDP_CHECK(crc == c->crc, "checkpoint '", path, "': '", fe.name,
-                 "' is corrupted (CRC-32 mismatch at byte ", c->offset, ", ", t.key(),
+                 "' is corrupted (", detail::checksum_name(m.format_version),
+                 " mismatch at byte ", c->offset, ", ", t.key(),
                  "); use an earlier checkpoint");
     }
     consume(fe.bytes, nullptr);
     FSDP_CHECK(file_crc == fe.crc, "checkpoint '", path, "': '", fe.name,
-               "' is corrupted (its CRC-32 does not match meta.json's); use an earlier checkpoint");
+               "' is corrupted (its ", detail::checksum_name(m.format_version),
+               " does not match meta.json's); use an earlier checkpoint");
     s.bytes += fe.bytes;
   }
   return s;

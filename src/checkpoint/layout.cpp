@@ -136,8 +136,9 @@ at::Tensor read_chunk(const Meta& m, const Chunk& c, std::map<int64_t, std::uniq
   at::Tensor out = at::empty({c.end - c.begin}, at::TensorOptions().dtype(t.dtype));
   const int64_t n = out.numel() * static_cast<int64_t>(out.element_size());
   f->read_at(out.data_ptr(), n, c.offset);
-  FSDP_CHECK(crc32_of(out.data_ptr(), n) == c.crc, "checkpoint '", m.path, "': '", name,
-             "' is corrupted (CRC-32 mismatch at byte ", c.offset, ", ", t.key(),
+  FSDP_CHECK(format_checksum(m.format_version, out.data_ptr(), n) == c.crc, "checkpoint '",
+             m.path, "': '", name, "' is corrupted (", checksum_name(m.format_version),
+             " mismatch at byte ", c.offset, ", ", t.key(),
              "); use an earlier checkpoint");
   return out;
 }

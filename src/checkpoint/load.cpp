@@ -129,9 +129,10 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
       File f(m.path + "/" + m.files[m.rng_file].name, O_RDONLY);
       std::vector<uint8_t> all(static_cast<size_t>(m.rng_world * m.rng_bytes));
       f.read_at(all.data(), static_cast<int64_t>(all.size()), 0);
-      FSDP_CHECK(crc32_of(all.data(), static_cast<int64_t>(all.size())) == m.files[m.rng_file].crc,
-                 "checkpoint '", path, "': rng.bin is corrupted (CRC-32 mismatch); use an "
-                 "earlier checkpoint");
+      FSDP_CHECK(format_checksum(m.format_version, all.data(), static_cast<int64_t>(all.size())) ==
+                     m.files[m.rng_file].crc,
+                 "checkpoint '", path, "': rng.bin is corrupted (", checksum_name(m.format_version),
+                 " mismatch); use an earlier checkpoint");
       rng = at::from_blob(all.data() + c.offset, {m.rng_bytes}, at::kByte).clone();
     }
   });

@@ -7,9 +7,18 @@
 #include <map>
 #include <regex>
 
+#include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 
 namespace fsdp::detail {
+
+uint32_t format_checksum(int64_t version, const void* data, int64_t n, uint32_t crc) {
+  return version >= 2 ? crc32c(data, n, crc) : crc32_of(data, n, crc);
+}
+
+const char* checksum_name(int64_t version) { return version >= 2 ? "CRC-32C" : "CRC-32"; }
+
+const char* checksum_key(int64_t version) { return version >= 2 ? "crc32c" : "crc32"; }
 
 namespace {
 
@@ -96,7 +105,7 @@ Meta parse_meta(const std::string& text, const std::string& path, const FileSize
     FileEntry fe;
     fe.name = get_field<std::string>(f, "name", where + " files");
     fe.bytes = get_field<int64_t>(f, "bytes", where + " files");
-    fe.crc = get_field<uint32_t>(f, "crc32", where + " files");
+    fe.crc = get_field<uint32_t>(f, checksum_key(m.format_version), where + " files");
     FSDP_CHECK(safe_file_name(fe.name), where, " lists an invalid file '", fe.name,
                "' (not a plain name inside the checkpoint directory); the file is corrupted");
     FSDP_CHECK(fe.bytes >= 0 && !file_index.count(fe.name), where, " lists an invalid file '",
@@ -143,7 +152,7 @@ Meta parse_meta(const std::string& text, const std::string& path, const FileSize
       ch.offset = get_field<int64_t>(c, "offset", w);
       ch.begin = get_field<int64_t>(c, "begin", w);
       ch.end = get_field<int64_t>(c, "end", w);
-      ch.crc = get_field<uint32_t>(c, "crc32", w);
+      ch.crc = get_field<uint32_t>(c, checksum_key(m.format_version), w);
       const int64_t fbytes = m.files[static_cast<size_t>(ch.file)].bytes;
       FSDP_CHECK(ch.begin >= 0 && ch.begin < ch.end && ch.end <= e.numel && ch.offset >= 0 &&
                      ch.offset <= fbytes && (ch.end - ch.begin) <= (fbytes - ch.offset) / elem,

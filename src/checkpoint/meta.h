@@ -24,7 +24,16 @@ namespace fsdp::detail {
 
 struct UnitState;
 
-constexpr int64_t kCheckpointFormatVersion = 1;
+// Format 2 checksums with CRC-32C (hardware instructions, crc32c.h); format 1, CRC-32 (zlib),
+// is still read.
+constexpr int64_t kCheckpointFormatVersion = 2;
+
+// The checksum of format `version` over n bytes, continuing from `crc`: CRC-32 for version 1,
+// CRC-32C from version 2. Its name for messages ("CRC-32", "CRC-32C") and its meta.json key
+// ("crc32", "crc32c").
+uint32_t format_checksum(int64_t version, const void* data, int64_t n, uint32_t crc = 0);
+const char* checksum_name(int64_t version);
+const char* checksum_key(int64_t version);
 constexpr const char* kCheckpointFormatName = "fsdp.cpp sharded checkpoint";
 constexpr int64_t kMaxMetaBytes = int64_t(1) << 28;  // 256 MiB of JSON is far beyond any model
 constexpr int64_t kMaxNumel = int64_t(1) << 48;

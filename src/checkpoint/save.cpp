@@ -1,7 +1,6 @@
 // Sharded save: save_checkpoint and its three phases (see checkpoint/save_phases.h, NOTE
 // [checkpoint format] in fsdp/checkpoint.h).
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include "checkpoint/save_phases.h"
 #include "fsdp/runtime.h"
@@ -85,9 +84,8 @@ std::string write_shard_file(PendingSave& p,
       const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
       const int64_t n = chunk_bytes(ch, p.layout);
       const void* data = bytes(i);
-      const uint32_t crc = crc32_of(data, n);
-      c[i] = crc;
-      file_crc = static_cast<uint32_t>(::crc32_combine(file_crc, crc, static_cast<z_off_t>(n)));
+      c[i] = format_checksum(kCheckpointFormatVersion, data, n);
+      file_crc = format_checksum(kCheckpointFormatVersion, data, n, file_crc);
       f.write(data, n);
     }
     c[static_cast<int64_t>(p.layout.chunks.size()) + p.s_index] = file_crc;
@@ -132,12 +130,14 @@ json save_meta(const PendingSave& p, const at::Tensor& crcs, const at::Tensor& r
   for (size_t s = 0; s < L.file_bytes.size(); ++s) {
     jfiles.push_back({{"name", shard_file_name(static_cast<int64_t>(s))},
                       {"bytes", L.file_bytes[s]},
-                      {"crc32", static_cast<uint32_t>(c[chunks + static_cast<int64_t>(s)])}});
+                      {checksum_key(kCheckpointFormatVersion),
+                       static_cast<uint32_t>(c[chunks + static_cast<int64_t>(s)])}});
     total_bytes += L.file_bytes[s];
   }
   if (rng.defined()) {
     const int64_t n = rng.numel();
-    jfiles.push_back({{"name", "rng.bin"}, {"bytes", n}, {"crc32", crc32_of(rng.data_ptr(), n)}});
+    jfiles.push_back({{"name", "rng.bin"}, {"bytes", n}, {checksum_key(kCheckpointFormatVersion),
+                      format_checksum(kCheckpointFormatVersion, rng.data_ptr(), n)}});
     meta["rng"] = {{"file", "rng.bin"}, {"world_size", rt.world_size()},
                    {"bytes_per_rank", n / rt.world_size()}};
     total_bytes += n;
@@ -166,7 +166,8 @@ json save_meta(const PendingSave& p, const at::Tensor& crcs, const at::Tensor& r
     const Chunk& ch = L.chunks[static_cast<size_t>(i)];
     by_entry[static_cast<size_t>(ch.tensor)]["chunks"].push_back(
         {{"file", shard_file_name(ch.file)}, {"offset", ch.offset}, {"begin", ch.begin},
-         {"end", ch.end}, {"crc32", static_cast<uint32_t>(c[i])}});
+         {"end", ch.end},
+         {checksum_key(kCheckpointFormatVersion), static_cast<uint32_t>(c[i])}});
   }
   json tensors = json::array();
   for (auto& jt : by_entry) tensors.push_back(std::move(jt));

@@ -235,7 +235,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
       ->group(ckpt);
   app.add_option("--check-checkpoint", o.check_checkpoint,
                  "verify a checkpoint (DIR/step-NNNNNNNN: meta.json, every file's size, every "
-                 "CRC-32), print its step, strategy, mesh, tensors and bytes, and exit (1 if "
+                 "checksum), print its step, strategy, mesh, tensors and bytes, and exit (1 if "
                  "invalid); given a --checkpoint-dir, every entry; starts no ranks")
       ->type_name("PATH")
       ->group(ckpt);
