@@ -260,14 +260,20 @@ double time_scale() {
 std::string binary_dir() { return FSDP_TEST_BINARY_DIR; }
 std::string tool_dir() { return FSDP_TOOL_DIR; }
 
+namespace {
+// The pids of `pid`'s children now (its main thread's, as the kernel lists them).
+std::vector<int> children_now(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<int> pids;
+  for (int p; in >> p;) pids.push_back(p);
+  return pids;
+}
+}  // namespace
+
 std::vector<int> children_of(int pid, size_t n) {
-  const std::string path =
-      "/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children";
   std::vector<int> pids;
   for (int i = 0; i < 600 && pids.size() < n; ++i) {
-    std::ifstream in(path);
-    pids.clear();
-    for (int p; in >> p;) pids.push_back(p);
+    pids = children_now(pid);
     if (pids.size() < n) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return pids;
@@ -288,13 +294,10 @@ std::string environ_value(int pid, const std::string& var) {
 int kill_local_rank_when(const Process& launcher, int local_rank,
                          const std::function<bool()>& due, std::chrono::milliseconds deadline) {
   const auto until = std::chrono::steady_clock::now() + deadline;
-  const std::string path = "/proc/" + std::to_string(launcher.pid()) + "/task/" +
-                           std::to_string(launcher.pid()) + "/children";
   const std::string want = std::to_string(local_rank);
   while (std::chrono::steady_clock::now() < until) {
     if (due()) {
-      std::ifstream in(path);
-      for (int child; in >> child;) {
+      for (int child : children_now(launcher.pid())) {
         if (environ_value(child, "LOCAL_RANK") == want && ::kill(child, SIGKILL) == 0) {
           return child;
         }

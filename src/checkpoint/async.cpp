@@ -32,11 +32,10 @@ struct AsyncCheckpointer::Impl {
   std::thread writer;
   std::atomic<bool> written{false};
   std::string write_error;  // set by the writer thread before `written`
-  std::string pending_path;
   double last_blocked = 0;
 
   ~Impl() {
-    if (writer.joinable()) writer.join();
+    join();
     detail::add_checkpoint_staging_bytes(-staging_bytes());
   }
   int64_t staging_bytes() const { return staging.defined() ? staging.numel() : 0; }
@@ -47,7 +46,6 @@ struct AsyncCheckpointer::Impl {
     join();
     PendingSave p = std::move(*pending);
     pending.reset();
-    pending_path.clear();
     return commit_save(p, write_error);
   }
 };
@@ -63,7 +61,6 @@ void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
   Impl& m = *impl_;
   if (m.pending) m.commit();
   m.pending = prepare_save(path, model, optimizer, state, options);
-  m.pending_path = path;
   PendingSave& p = *m.pending;
   // Stage this rank's file, laid out as on disk, so the writer needs nothing else.
   const std::vector<int64_t> mine = my_chunks(p);
@@ -110,7 +107,10 @@ std::optional<CheckpointInfo> AsyncCheckpointer::wait() {
 }
 
 bool AsyncCheckpointer::in_flight() const { return impl_->pending.has_value(); }
-const std::string& AsyncCheckpointer::in_flight_path() const { return impl_->pending_path; }
+const std::string& AsyncCheckpointer::in_flight_path() const {
+  static const std::string none;
+  return impl_->pending ? impl_->pending->path : none;
+}
 int64_t AsyncCheckpointer::staging_bytes() const { return impl_->staging_bytes(); }
 double AsyncCheckpointer::last_blocked_seconds() const { return impl_->last_blocked; }
 
