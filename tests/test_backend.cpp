@@ -38,27 +38,27 @@ void expect_one_line_with(const std::string& message, const std::string& part) {
 }
 
 TEST(Backend, AutoPicksGlooOnACpuOnlyLibtorch) {
-  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/false, 0);
+  auto c = fsdp::detail::choose_backend(Backend::kAuto, /*cuda_built=*/false, 0);
   EXPECT_EQ(c.backend, Backend::kGloo);
   EXPECT_EQ(c.reason, "auto picked gloo: this libtorch is a CPU-only build");
 }
 
 TEST(Backend, AutoPicksGlooOnACudaLibtorchWithoutAGpuAndSaysWhy) {
-  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 0);
+  auto c = fsdp::detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 0);
   EXPECT_EQ(c.backend, Backend::kGloo);
   expect_one_line_with(c.reason, "auto picked gloo: this libtorch has CUDA but sees no GPU");
   expect_one_line_with(c.reason, "CUDA_VISIBLE_DEVICES");
 }
 
 TEST(Backend, AutoPicksNcclWhereAGpuIsVisible) {
-  auto c = detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 2);
+  auto c = fsdp::detail::choose_backend(Backend::kAuto, /*cuda_built=*/true, 2);
   EXPECT_EQ(c.backend, Backend::kNccl);
   EXPECT_EQ(c.reason, "auto picked nccl: this libtorch has CUDA and sees 2 GPUs");
-  EXPECT_EQ(detail::choose_backend(Backend::kGloo, true, 2).backend, Backend::kGloo);
+  EXPECT_EQ(fsdp::detail::choose_backend(Backend::kGloo, true, 2).backend, Backend::kGloo);
 }
 
 TEST(Backend, NcclOnACpuOnlyLibtorchIsAClearError) {
-  expect_one_line_with(error_of([] { detail::choose_backend(Backend::kNccl, false, 0); }),
+  expect_one_line_with(error_of([] { fsdp::detail::choose_backend(Backend::kNccl, false, 0); }),
                        "backend nccl needs CUDA, but this libtorch is a CPU-only build; use "
                        "--backend gloo (or auto)");
 }
@@ -102,16 +102,16 @@ void expect_retained() {
 }
 
 TEST(Backend, NcclWithoutAVisibleGpuIsAClearError) {
-  expect_one_line_with(error_of([] { detail::choose_backend(Backend::kNccl, true, 0); }),
+  expect_one_line_with(error_of([] { fsdp::detail::choose_backend(Backend::kNccl, true, 0); }),
                        "backend nccl needs a GPU, but this CUDA libtorch sees none (");
 }
 
 TEST(Backend, MoreRanksOnANodeThanGpusIsAClearError) {
-  detail::check_one_gpu_per_rank(0, 1, 1);
-  detail::check_one_gpu_per_rank(3, 4, 8);
-  expect_one_line_with(error_of([] { detail::check_one_gpu_per_rank(3, 4, 2); }),
+  fsdp::detail::check_one_gpu_per_rank(0, 1, 1);
+  fsdp::detail::check_one_gpu_per_rank(3, 4, 8);
+  expect_one_line_with(error_of([] { fsdp::detail::check_one_gpu_per_rank(3, 4, 2); }),
                        "4 ranks run on this node but it has only 2 visible GPUs (");
-  expect_one_line_with(error_of([] { detail::check_one_gpu_per_rank(1, 2, 1); }),
+  expect_one_line_with(error_of([] { fsdp::detail::check_one_gpu_per_rank(1, 2, 1); }),
                        "NCCL needs one GPU per rank; start at most 1 ranks per node (--devices 1)");
 }
 
@@ -121,7 +121,7 @@ TEST(Backend, RuntimeReportsItsChoice) {
   ClusterEnv env;
   env.kind = ClusterKind::kTorchElastic;
   RuntimeOptions opts;
-  auto rt = detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
+  auto rt = fsdp::detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
   if (rt->backend() == Backend::kNccl) {
     EXPECT_EQ(rt->device(), c10::Device(c10::kCUDA, 0));
     GTEST_SKIP() << "a GPU is visible: " << rt->backend_reason();
@@ -135,7 +135,7 @@ TEST(Backend, RuntimeReportsItsChoice) {
 #endif
   opts.backend = Backend::kNccl;
   expect_one_line_with(error_of([&] {
-                         detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
+                         fsdp::detail::make_runtime(c10::make_intrusive<c10d::HashStore>(), env, opts);
                        }),
                        "; use --backend gloo (or auto)");
 }
@@ -143,14 +143,14 @@ TEST(Backend, RuntimeReportsItsChoice) {
 // Two ranks (threads) connecting at once each quiet glog: whichever scope ends first, the level
 // from before both comes back when the last ends, not the other scope's FATAL-only.
 TEST(Runtime, OverlappingQuietGlogScopesRestoreTheOriginalLevel) {
-  int* level = detail::glog_min_level();
+  int* level = fsdp::detail::glog_min_level();
   if (!level) GTEST_SKIP() << "this libtorch does not log via glog";
   const int original = *level;
   *level = 1;
   {
-    auto a = std::make_unique<detail::QuietGlog>();
+    auto a = std::make_unique<fsdp::detail::QuietGlog>();
     EXPECT_EQ(*level, 3);
-    auto b = std::make_unique<detail::QuietGlog>();
+    auto b = std::make_unique<fsdp::detail::QuietGlog>();
     a.reset();  // a ends first: b still wants quiet
     EXPECT_EQ(*level, 3);
     b.reset();
