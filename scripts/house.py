@@ -39,7 +39,7 @@ LAYERS = [
      ["include/fsdp/strategy.h", "src/strategy.cpp", "include/fsdp/unit_info.h",
       "include/fsdp/sharded.h", "include/fsdp/detail/*", "src/sharded_module.cpp",
       "src/engine*", "src/plan_units.cpp", "src/buffer_pool.*", "src/device_streams.h",
-      "src/shard_slice.h", "include/fsdp/deferred_init.h", "src/deferred_init*",
+      "src/shard_slice.h", "src/flat_view.h", "include/fsdp/deferred_init.h", "src/deferred_init*",
       "include/fsdp/activation_checkpoint.h", "src/activation_checkpoint.cpp",
       "include/fsdp/report.h", "src/report.cpp"]),
     ("checkpoint", "sharded and full checkpoints, their formats and files",

@@ -11,6 +11,24 @@
 //             the shard's .grad, free everything still gathered.
 // Units run their collectives asynchronously; the next unit's all-gather is issued while the
 // current one computes (prefetch), so at most two non-root units are gathered at once.
+//
+// NOTE [threads]: which thread runs what, and what each touches.
+//   - Forward hooks (root_pre_forward, pre_forward, post_forward, root_post_forward,
+//     root_abort_forward) run on the thread that calls the model's forward.
+//   - Backward hooks (pre_backward, on_grad_ready, on_input_grad_ready) and finalize_backward
+//     (autograd's final callback) run on the thread autograd runs that backward on: for CPU
+//     tensors the thread that called backward(); for CUDA tensors autograd's worker thread of the
+//     device, one per device, so the hooks of one backward still run one at a time, in graph
+//     order, while the calling thread blocks in backward() until the callback has run.
+//   - Hence every UnitState field, the buffer pool and the Engine's plain members (in_forward_,
+//     callback_queued_, sync_, ...) are used by one thread at a time, handed over through
+//     autograd's queue and the caller's wait (happens-before), without locks. A model must not
+//     run forward or backward from two threads at once (true of any torch::nn::Module).
+//   - MemoryTracker's counters are the one thing read from elsewhere: memory_stats() may be
+//     called from another thread (a monitor) while a step runs, so they are atomics; such a read
+//     is a moment's value, exact between steps.
+//   - c10d completes work on its own threads; the engine only waits on WorkHandles. The
+//     AsyncCheckpointer's writer thread reads its staging buffer only, never the engine.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -25,6 +43,7 @@
 
 #include "buffer_pool.h"
 #include "device_streams.h"
+#include "flat_view.h"
 #include "fsdp/sharded.h"
 
 namespace fsdp::detail {
@@ -170,6 +189,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The unit states, root first; after the units, one state per unit with frozen parameters
   // (UnitState::owner says whose). Every state is a flat sharded tensor with named slots.
   const std::vector<std::unique_ptr<UnitState>>& unit_states() const { return units_; }
+  // NOTE [flat view]: code outside the engine (checkpoints, exports) reads the flats through
+  // flat_views() — layouts and shards, read only, in unit_states() order — and overwrites shards
+  // only with replace_shards(), so that what the engine keeps consistent (gathered copies, the
+  // optimizer's parameters, views of `full`) stays the engine's business.
+  std::vector<FlatView> flat_views() const;
+  // Copies `shards` (flat_views() order, fp32 [shard_numel] each, any device) into the flats'
+  // shards in place — the optimizer's parameters stay the same tensors — and frees the gathered
+  // copies, now stale.
+  void replace_shards(const std::vector<at::Tensor>& shards);
 
  private:
   using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;  // by path

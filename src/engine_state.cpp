@@ -103,6 +103,32 @@ double Engine::clip_grad_norm(double max_norm) {
   return total;
 }
 
+std::vector<FlatView> Engine::flat_views() const {
+  std::vector<FlatView> views;
+  views.reserve(units_.size());
+  for (const auto& u : units_) {
+    FlatView v;
+    v.unit = u->owner ? u->owner->name : u->name;
+    v.frozen = u->owner != nullptr;
+    v.trainable = u->trainable;
+    v.padded = u->padded;
+    v.shard_numel = u->shard_numel;
+    v.param = u->shard;
+    for (const auto& s : u->params) v.params.push_back({s.name, s.aliases, s.offset, s.numel, s.shape});
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+void Engine::replace_shards(const std::vector<at::Tensor>& shards) {
+  TORCH_INTERNAL_ASSERT(shards.size() == units_.size());
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    units_[i]->shard.detach().copy_(shards[i].to(units_[i]->shard.device()));
+  }
+  drop_gathered();
+}
+
 torch::OrderedDict<std::string, at::Tensor> Engine::state_dict() {
   torch::NoGradGuard no_grad;
   torch::OrderedDict<std::string, at::Tensor> out;

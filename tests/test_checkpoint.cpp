@@ -93,6 +93,7 @@ State to_state(const torch::OrderedDict<std::string, torch::Tensor>& d) {
 struct TrainRun {
   std::vector<double> losses;
   State final_state;
+  std::vector<int64_t> bytes_read;  // resume: CheckpointInfo::bytes per rank
 };
 
 TrainRun train_and_save(const FSDPStrategy& st, int64_t W, const std::string& dir) {
@@ -130,7 +131,12 @@ TrainRun resume(const FSDPStrategy& st, int64_t W, const std::string& dir) {
     auto model = shard(std::make_shared<NetImpl>(), st, borrow(rt));
     auto opt = make_adamw(model);
     TrainingState ts;
-    load_checkpoint(dir, model, &opt, &ts);
+    const CheckpointInfo info = load_checkpoint(dir, model, &opt, &ts);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      run.bytes_read.resize(static_cast<size_t>(W));
+      run.bytes_read[static_cast<size_t>(rt.rank())] = info.bytes;
+    }
     EXPECT_EQ(ts.step, kSaveAt);
     EXPECT_EQ(ts.values.at("note"), "saved after step 2");
     std::vector<double> losses;
@@ -179,6 +185,17 @@ TEST_P(RoundTrip, ResumeIsBitIdentical) {
     EXPECT_EQ(resumed.losses[i], full.losses[kSaveAt + i]) << "step " << kSaveAt + i + 1;
   }
   expect_close(resumed.final_state, full.final_state, 0, 0, "final weights");
+  // One pass (NOTE [one-pass load]): on the same mesh each rank reads the file its shard index
+  // wrote (rank r has shard index r % S; one replica writes S files), each byte once, nothing
+  // else.
+  int64_t files = 0;
+  while (std::filesystem::exists(dir + "/shard-" + std::to_string(files) + ".bin")) ++files;
+  ASSERT_GT(files, 0);
+  ASSERT_EQ(resumed.bytes_read.size(), size_t(W));
+  for (int64_t r = 0; r < W; ++r) {
+    const auto own = std::filesystem::file_size(dir + "/shard-" + std::to_string(r % files) + ".bin");
+    EXPECT_EQ(resumed.bytes_read[static_cast<size_t>(r)], static_cast<int64_t>(own)) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -67,7 +67,7 @@ using detail::parent_dir;
 using detail::read_meta;
 using detail::sync_dir;
 using detail::TensorEntry;
-using detail::UnitState;
+using detail::FlatView;
 using detail::write_file_atomically;
 
 using detail::capture;

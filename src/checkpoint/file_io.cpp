@@ -50,6 +50,10 @@ void File::read_at(void* data, int64_t n, int64_t offset) const {
   }
 }
 
+void File::prefetch(int64_t offset, int64_t n) const {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+}
+
 void File::sync_and_close() {
   FSDP_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", errno_text());
   const int fd = fd_;

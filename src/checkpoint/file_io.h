@@ -26,6 +26,9 @@ class File {
   void write(const void* data, int64_t n);
   // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").
   void read_at(void* data, int64_t n, int64_t offset) const;
+  // Asks the kernel to start reading [offset, offset + n) into the page cache now (a hint:
+  // posix_fadvise WILLNEED; failures are ignored, the read that follows reports real errors).
+  void prefetch(int64_t offset, int64_t n) const;
   void sync_and_close();
   int64_t size() const;
 

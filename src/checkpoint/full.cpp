@@ -47,7 +47,6 @@ namespace fsdp {
 
 using detail::build_shards;
 using detail::check_names;
-using detail::commit_shards;
 using detail::full_format;
 using detail::FullEntry;
 using detail::FullFormat;
@@ -72,9 +71,9 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
   const std::string tmp = file + ".partial";
   std::string err = capture([&] {
     const FullFormat format = full_format(file);
-    for (const auto& u : e.unit_states()) {
-      if (options.trainable_only && !u->trainable) continue;
-      for (const auto& s : u->params) {
+    for (const auto& u : e.flat_views()) {
+      if (options.trainable_only && !u.trainable) continue;
+      for (const auto& s : u.params) {
         entries.push_back({s.name, at::kFloat, s.shape});
         for (const auto& a : s.aliases) entries.push_back({a, at::kFloat, s.shape});
       }
@@ -91,14 +90,14 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
   err.clear();
   if (gathers) {
     torch::NoGradGuard no_grad;
-    for (const auto& u : e.unit_states()) {
-      if (u->padded == 0 || (options.trainable_only && !u->trainable)) continue;
-      at::Tensor full = at::empty({u->padded}, u->shard.options().requires_grad(false));
-      e.shard_group()->all_gather(full, u->shard.detach())->wait();
+    for (const auto& u : e.flat_views()) {
+      if (u.padded == 0 || (options.trainable_only && !u.trainable)) continue;
+      at::Tensor full = at::empty({u.padded}, u.param.options().requires_grad(false));
+      e.shard_group()->all_gather(full, u.param.detach())->wait();
       if (!lead || !err.empty()) continue;
       err = capture([&] {
         at::Tensor cpu = full.cpu();
-        for (const auto& s : u->params) {
+        for (const auto& s : u.params) {
           at::Tensor v = cpu.narrow(0, s.offset, s.numel).contiguous();
           for (size_t k = 0; k <= s.aliases.size(); ++k) writer->write(v);
         }
@@ -140,7 +139,7 @@ void import_full_checkpoint(FullyShardedModule& model, const std::string& file) 
     }
   });
   rt.check_all_ok(cat("importing '", file, "'"), err);
-  commit_shards(e, shards);
+  e.replace_shards(shards);
   torch::NoGradGuard no_grad;
   for (auto& b : e.root_module().named_buffers()) {
     for (const auto& [name, v] : buffers) {

@@ -6,10 +6,10 @@
 namespace fsdp::detail {
 
 std::vector<bool> fields_present(const OptimizerKind* kind, const torch::optim::Optimizer* o,
-                                 const UnitState& u) {
+                                 const FlatView& u) {
   std::vector<bool> present;
   if (!kind) return present;
-  const ParamState* st = find_state(*o, u.shard);
+  const ParamState* st = find_state(*o, u.param);
   for (const auto& f : kind->fields) present.push_back(st && f.get(*st).defined());
   return present;
 }
@@ -18,17 +18,19 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
   Layout L;
   const int64_t S = e.shard_group()->size();
   L.file_bytes.assign(static_cast<size_t>(S), 0);
+  L.flats = e.flat_views();
   struct Slot {
-    const UnitState* unit;
-    const detail::ParamSlot* slot;
+    int64_t flat;
+    const FlatParamView* slot;
     int64_t param_entry;
     std::vector<int64_t> field_entries;  // -1 where absent
   };
   std::vector<Slot> slots;
-  for (const auto& u : e.unit_states()) {
-    const std::vector<bool> present = fields_present(kind, o, *u);
-    const ParamState* st = o ? find_state(*o, u->shard) : nullptr;
-    for (const auto& s : u->params) {
+  for (size_t i = 0; i < L.flats.size(); ++i) {
+    const FlatView& u = L.flats[i];
+    const std::vector<bool> present = fields_present(kind, o, u);
+    const ParamState* st = o ? find_state(*o, u.param) : nullptr;
+    for (const auto& s : u.params) {
       TensorEntry t;
       t.name = s.name;
       t.kind = "param";
@@ -37,7 +39,7 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
       t.aliases = s.aliases;
       t.optim_state = st != nullptr;
       if (st && kind->get_step) t.optim_step = kind->get_step(*st);
-      Slot slot{u.get(), &s, static_cast<int64_t>(L.entries.size()), {}};
+      Slot slot{static_cast<int64_t>(i), &s, static_cast<int64_t>(L.entries.size()), {}};
       L.entries.push_back(t);
       for (size_t f = 0; f < present.size(); ++f) {
         if (!present[f]) {
@@ -60,7 +62,7 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
   for (int64_t s = 0; s < S; ++s) {
     int64_t offset = 0;
     for (const auto& slot : slots) {
-      const UnitState& u = *slot.unit;
+      const FlatView& u = L.flats[static_cast<size_t>(slot.flat)];
       const int64_t lo_shard = s * u.shard_numel;
       const auto sl = detail::shard_slice(lo_shard, u.shard_numel, slot.slot->offset, slot.slot->numel);
       if (sl.empty()) continue;
@@ -72,7 +74,7 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
         c.offset = offset;
         c.begin = lo - slot.slot->offset;
         c.end = hi - slot.slot->offset;
-        c.unit = &u;
+        c.flat = slot.flat;
         c.shard_offset = lo - lo_shard;
         c.field = field;
         offset += (hi - lo) * 4;
@@ -123,33 +125,19 @@ at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
     }
     TORCH_INTERNAL_ASSERT(false, "buffer ", t.name, " vanished");
   }
-  at::Tensor flat = c.field < 0 ? c.unit->shard.detach()
-                                : kind->fields[static_cast<size_t>(c.field)].get(*find_state(*o, c.unit->shard));
+  const FlatView& u = L.flats[static_cast<size_t>(c.flat)];
+  at::Tensor flat = c.field < 0 ? u.param.detach()
+                                : kind->fields[static_cast<size_t>(c.field)].get(*find_state(*o, u.param));
   return flat.reshape({-1}).narrow(0, c.shard_offset, c.end - c.begin).cpu().contiguous();
-}
-
-at::Tensor read_chunk(const Meta& m, const Chunk& c, std::map<int64_t, std::unique_ptr<File>>& open) {
-  const TensorEntry& t = m.entries[static_cast<size_t>(c.tensor)];
-  auto& f = open[c.file];
-  const std::string name = m.files[static_cast<size_t>(c.file)].name;
-  if (!f) f = std::make_unique<File>(m.path + "/" + name, O_RDONLY);
-  at::Tensor out = at::empty({c.end - c.begin}, at::TensorOptions().dtype(t.dtype));
-  const int64_t n = out.numel() * static_cast<int64_t>(out.element_size());
-  f->read_at(out.data_ptr(), n, c.offset);
-  FSDP_CHECK(format_checksum(m.format_version, out.data_ptr(), n) == c.crc, "checkpoint '",
-             m.path, "': '", name, "' is corrupted (", checksum_name(m.format_version),
-             " mismatch at byte ", c.offset, ", ", t.key(),
-             "); use an earlier checkpoint");
-  return out;
 }
 
 std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source) {
   std::vector<at::Tensor> shards;
-  for (const auto& u : e.unit_states()) {
-    at::Tensor shard = at::zeros({u->shard_numel}, at::TensorOptions().dtype(at::kFloat));
-    const int64_t begin = e.shard_group()->rank() * u->shard_numel;
-    for (const auto& s : u->params) {
-      const auto sl = detail::shard_slice(begin, u->shard_numel, s.offset, s.numel);
+  for (const auto& u : e.flat_views()) {
+    at::Tensor shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(at::kFloat));
+    const int64_t begin = e.shard_group()->rank() * u.shard_numel;
+    for (const auto& s : u.params) {
+      const auto sl = detail::shard_slice(begin, u.shard_numel, s.offset, s.numel);
       if (sl.empty()) continue;
       shard.narrow(0, sl.in_shard(), sl.numel())
           .copy_(source(s.name, sl.in_param(), sl.in_param_end()).to(at::kFloat));
@@ -157,15 +145,6 @@ std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source)
     shards.push_back(shard);
   }
   return shards;
-}
-
-void commit_shards(Engine& e, const std::vector<at::Tensor>& shards) {
-  torch::NoGradGuard no_grad;
-  const auto& units = e.unit_states();
-  for (size_t i = 0; i < units.size(); ++i) {
-    units[i]->shard.detach().copy_(shards[i].to(units[i]->shard.device()));
-  }
-  e.drop_gathered();
 }
 
 void check_names(const std::map<std::string, std::vector<int64_t>>& want,

@@ -1,6 +1,6 @@
 // checkpoint/layout.h (internal): where every parameter and optimizer state of a sharded model
 // goes in a checkpoint's files (saving), and how a loaded model's shards are rebuilt from the
-// saved chunks by name and element range (loading, also from full checkpoints).
+// saved chunks by name and element range (full checkpoints; sharded ones: chunk_reader.h).
 #pragma once
 
 #include <functional>
@@ -20,11 +20,12 @@ struct Layout {
   std::vector<TensorEntry> entries;
   std::vector<Chunk> chunks;
   std::vector<int64_t> file_bytes;  // per shard index
+  std::vector<FlatView> flats;      // the saving engine's flats (Chunk::flat indexes them)
 };
 
 // Which optimizer state fields exist (defined) for the shard of `u`, per kind.fields index.
 std::vector<bool> fields_present(const OptimizerKind* kind, const torch::optim::Optimizer* o,
-                                 const UnitState& u);
+                                 const FlatView& u);
 
 // The layout of `e`'s checkpoint with optimizer `o` of `kind` (both may be null).
 Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const OptimizerKind* kind);
@@ -39,17 +40,11 @@ int64_t chunk_bytes(const Chunk& c, const Layout& L);
 at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
                       const torch::optim::Optimizer* o, const OptimizerKind* kind);
 
-// Reads chunk `c` of meta `m` (whole, verifying its CRC) as a 1-D tensor of its dtype.
-at::Tensor read_chunk(const Meta& m, const Chunk& c, std::map<int64_t, std::unique_ptr<File>>& open);
-
 // The values a loader needs: (name, element range) -> tensor. Implemented per format.
 using SliceSource = std::function<at::Tensor(const std::string& name, int64_t lo, int64_t hi)>;
 
 // New fp32 shards for every unit of `e`, from `source` (parameters only).
 std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source);
-
-// Copies new shards into the model and frees stale gathered copies.
-void commit_shards(Engine& e, const std::vector<at::Tensor>& shards);
 
 // Names and shapes of what the model has against what a file has; every mismatch, in one line.
 void check_names(const std::map<std::string, std::vector<int64_t>>& want,

@@ -1,22 +1,35 @@
 // Sharded load: load_checkpoint maps every saved chunk by name and element range onto this
 // model's layout (see fsdp/checkpoint.h, NOTE [checkpoint format]).
+#include "checkpoint/chunk_reader.h"
 #include "checkpoint/layout.h"
 #include "compat.h"
 #include "shard_slice.h"
 #include "fsdp/runtime.h"
 
 namespace fsdp {
+namespace {
 
-using detail::build_shards;
+// Zeroes the elements of `flat` outside the sorted-or-not `covered` ranges [lo, hi).
+void zero_gaps(at::Tensor& flat, std::vector<std::pair<int64_t, int64_t>> covered) {
+  std::sort(covered.begin(), covered.end());
+  int64_t pos = 0;
+  covered.emplace_back(flat.numel(), flat.numel());
+  for (const auto& [lo, hi] : covered) {
+    if (lo > pos) flat.narrow(0, pos, lo - pos).zero_();
+    pos = std::max(pos, hi);
+  }
+}
+
+}  // namespace
+
 using detail::check_names;
+using detail::ChunkReader;
 using detail::check_optimizer_params;
-using detail::commit_shards;
 using detail::find_state;
 using detail::model_shapes;
 using detail::optimizer_kind;
 using detail::OptimizerKind;
 using detail::ParamState;
-using detail::read_chunk;
 
 CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state,
@@ -27,6 +40,8 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
   const std::string what = cat("loading checkpoint '", path, "'");
   CheckpointInfo info;
   info.path = path;
+
+  const std::vector<detail::FlatView> flats = e.flat_views();
 
   // 1. Every rank reads and checks meta.json, the model and the optimizer.
   Meta m;
@@ -62,65 +77,78 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
   });
   rt.check_all_ok(what, err);
 
-  // 2. Read what this rank's shards need (nothing in the model changes yet).
+  // 2. Read what this rank's shards need, one pass over the files (NOTE [one-pass load]);
+  //    nothing in the model changes yet.
   std::vector<at::Tensor> shards;
   std::vector<std::unique_ptr<ParamState>> states;
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   at::Tensor rng;
   err = capture([&] {
-    std::map<int64_t, std::unique_ptr<File>> open;
-    std::map<int64_t, std::vector<const Chunk*>> chunks_of;
-    for (const auto& c : m.chunks) chunks_of[c.tensor].push_back(&c);
-    auto slice = [&](int64_t entry, int64_t lo, int64_t hi) {
-      at::Tensor out = at::empty({hi - lo}, at::TensorOptions().dtype(m.entries[entry].dtype));
-      for (const Chunk* c : chunks_of[entry]) {
-        const int64_t a = std::max(lo, c->begin), b = std::min(hi, c->end);
-        if (a >= b) continue;
-        at::Tensor data = read_chunk(m, *c, open);
-        info.bytes += data.numel() * static_cast<int64_t>(data.element_size());
-        out.narrow(0, a - lo, b - a).copy_(data.narrow(0, a - c->begin, b - a));
-      }
-      return out;
-    };
-    shards = build_shards(e, [&](const std::string& name, int64_t lo, int64_t hi) {
-      return slice(entry_of.at("param/" + name), lo, hi);
-    });
+    ChunkReader reader(m);
     const int64_t s = e.shard_group()->rank();
+    // Destination `flat` [shard_numel] of a unit: each parameter's part of this rank's shard from
+    // entry `key(slot)` (skipped where `key` finds none); the rest (padding) is zeroed.
+    auto want_flat = [&](const FlatView& u, at::Tensor flat, const auto& entry_for) {
+      const int64_t begin = s * u.shard_numel;
+      std::vector<std::pair<int64_t, int64_t>> covered;
+      for (const auto& slot : u.params) {
+        const auto sl = detail::shard_slice(begin, u.shard_numel, slot.offset, slot.numel);
+        const int64_t entry = entry_for(slot);
+        if (sl.empty() || entry < 0) continue;
+        reader.want(entry, sl.in_param(), sl.in_param_end(), flat.narrow(0, sl.in_shard(), sl.numel()));
+        covered.emplace_back(sl.in_shard(), sl.in_shard() + sl.numel());
+      }
+      zero_gaps(flat, covered);
+      return flat;
+    };
+    for (const auto& u : flats) {
+      shards.push_back(want_flat(u, detail::empty_for_load(u.shard_numel, at::kFloat), [&](const auto& slot) {
+        return entry_of.at("param/" + slot.name);
+      }));
+    }
+    // Optimizer state exists for a unit if any of its parameters had some; its step is their
+    // largest. A field absent for some parameters is zero there.
+    std::vector<std::vector<at::Tensor>> fields;  // per unit, per kind->fields
     if (kind) {
-      for (const auto& u : e.unit_states()) {
-        // State exists if any of the unit's parameters had some; its step is their largest.
+      for (const auto& u : flats) {
         std::unique_ptr<ParamState> st;
         int64_t step = 0;
-        for (const auto& slot : u->params) {
+        for (const auto& slot : u.params) {
           const TensorEntry& t = m.entries[entry_of.at("param/" + slot.name)];
           if (!t.optim_state) continue;
           if (!st) st = kind->make();
           step = std::max(step, t.optim_step.value_or(0));
         }
+        std::vector<at::Tensor> flat_fields(kind->fields.size());
         if (st) {
           if (kind->set_step) kind->set_step(*st, step);
-          const int64_t begin = s * u->shard_numel;
-          for (const auto& f : kind->fields) {
-            at::Tensor flat;
-            for (const auto& slot : u->params) {
-              auto it = entry_of.find(cat("optim/", f.name, "/", slot.name));
-              if (it == entry_of.end()) continue;
-              if (!flat.defined()) flat = at::zeros({u->shard_numel}, at::kFloat);
-              const auto sl = detail::shard_slice(begin, u->shard_numel, slot.offset, slot.numel);
-              if (sl.empty()) continue;
-              flat.narrow(0, sl.in_shard(), sl.numel())
-                  .copy_(slice(it->second, sl.in_param(), sl.in_param_end()));
-            }
-            if (flat.defined()) f.set(*st, flat.to(u->shard.device()));
+          for (size_t f = 0; f < kind->fields.size(); ++f) {
+            auto entry_for = [&](const auto& slot) -> int64_t {
+              auto it = entry_of.find(cat("optim/", kind->fields[f].name, "/", slot.name));
+              return it == entry_of.end() ? -1 : it->second;
+            };
+            bool any = false;
+            for (const auto& slot : u.params) any = any || entry_for(slot) >= 0;
+            if (any) flat_fields[f] = want_flat(u, detail::empty_for_load(u.shard_numel, at::kFloat), entry_for);
           }
         }
         states.push_back(std::move(st));
+        fields.push_back(std::move(flat_fields));
       }
     }
     for (const auto& b : e.root_module().named_buffers()) {
-      const int64_t entry = entry_of.at("buffer/" + b.key());
-      buffers.emplace_back(b.key(), slice(entry, 0, m.entries[entry].numel)
-                                        .view(m.entries[entry].shape));
+      const TensorEntry& t = m.entries[entry_of.at("buffer/" + b.key())];
+      at::Tensor v = detail::empty_for_load(t.numel, t.dtype);
+      reader.want(entry_of.at("buffer/" + b.key()), 0, t.numel, v);
+      buffers.emplace_back(b.key(), v.view(t.shape));
+    }
+    info.bytes = reader.read_all();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      for (size_t f = 0; f < fields[i].size(); ++f) {
+        if (fields[i][f].defined()) {
+          kind->fields[f].set(*states[i], fields[i][f].to(flats[i].param.device()));
+        }
+      }
     }
     if (options.rng && m.rng_file >= 0 && m.rng_world == rt.world_size()) {
       Chunk c;
@@ -139,11 +167,10 @@ CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& mode
   rt.check_all_ok(what, err);
 
   // 3. Commit: every rank read everything it needs.
-  commit_shards(e, shards);
+  e.replace_shards(shards);
   if (optimizer) {
-    const auto& units = e.unit_states();
-    for (size_t i = 0; i < units.size(); ++i) {
-      const auto key = compat::optimizer_state_key(units[i]->shard);
+    for (size_t i = 0; i < flats.size(); ++i) {
+      const auto key = compat::optimizer_state_key(flats[i].param);
       if (states[i]) {
         optimizer->state()[key] = std::move(states[i]);
       } else {

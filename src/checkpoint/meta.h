@@ -22,7 +22,6 @@
 
 namespace fsdp::detail {
 
-struct UnitState;
 
 // Format 2 checksums with CRC-32C (hardware instructions, crc32c.h); format 1, CRC-32 (zlib),
 // is still read.
@@ -66,8 +65,8 @@ struct Chunk {
   int64_t begin = 0, end = 0;  // elements of the flattened tensor
   uint32_t crc = 0;
   // Where the writer finds the data (valid on the writer only).
-  const UnitState* unit = nullptr;
-  int64_t shard_offset = 0;  // elements into the unit's flat shard
+  int64_t flat = -1;         // index into Layout::flats
+  int64_t shard_offset = 0;  // elements into the flat's shard
   int64_t field = -1;        // -1: the parameter shard; else the optimizer state field
 };
 

@@ -18,7 +18,7 @@ namespace fsdp::detail {
 struct PendingSave {
   std::string path, partial, what;
   Runtime* rt = nullptr;
-  std::shared_ptr<Engine> engine;  // keeps the chunks' unit pointers valid
+  std::shared_ptr<Engine> engine;  // keeps the flats' shards alive
   Layout layout;
   std::optional<OptimizerKind> kind;
   std::vector<double> lrs;
