@@ -15,6 +15,10 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
   planner  fsdp-plan --calibrate, then fsdp-plan's predicted step time, sharded state and bytes
            against measured fsdp-train runs: every strategy, W = 2, 4, 8, two model sizes.
   construction  building and sharding a GPT with --init deferred against --init eager, W = 1, 2, 4.
+  checkpoint  sharded save and load of the medium GPT with AdamW at W = 4 against `dd conv=fsync`
+           and `cat` of the same bytes (reads with the page cache dropped, root only, and warm);
+           async saves: time training is blocked per save against a memcpy of the staging bytes,
+           step time while a save is written in the background against no checkpoints.
   memory   under a per-rank memory cap (a memory cgroup per rank: the kernel kills a rank that
            exceeds it), the largest GPT each strategy trains at W = 4 (--layers varied).
 
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -100,7 +105,7 @@ class Runner:
                 "model": model, "extra": list(extra), "params": plan["total_params"],
                 "command": shown(args),
                 "step_times": times, "median_step_s": median(times[2:] or times),
-                "wall_s": time.time() - t0, "steps": steps_m, "plan": plan}
+                "wall_s": time.time() - t0, "steps": steps_m, "plan": plan, "output": p.stdout}
 
     def ddp(self, python, model, steps, batch, seq, world, prefix=(), extra=()):
         out = os.path.join(self.work, "peer.jsonl")
@@ -510,6 +515,110 @@ def construction_cost(r, results, quick):
     results["construction"] = {"rows": rows, "load_after": os.getloadavg()[0]}
 
 
+def drop_page_cache():
+    """Drops the page cache (root); False where it cannot."""
+    subprocess.run(["sync"], check=True)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def seconds_of(pattern, text):
+    """The float group of `pattern` in `text`; RuntimeError naming the pattern if absent."""
+    m = re.search(pattern, text)
+    if not m:
+        raise RuntimeError(f"no {pattern!r} in fsdp-train's output: {text[-800:]}")
+    return float(m.group(1))
+
+
+def checkpoint_io(r, results, quick):
+    """Checkpoint I/O (issue 23): fsdp-train's sharded save (fsyncs included) and load
+    (--resume with nothing left to train: the load alone, rank 0's timer) of a GPT with AdamW,
+    FULL_SHARD, against `dd conv=fsync` writing and `cat` reading the checkpoint's own files, cold
+    (page cache dropped before each read, needs root) and warm; then async saves
+    (--checkpoint-async): training's blocked time per save after the first against a memcpy of
+    the staging bytes, and the step time of the steps during which a save is written against a
+    run without checkpoints."""
+    world, model, rounds = (2, "small", 1) if quick else (4, "medium", 3)
+    ck = os.path.join(r.work, "ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    args = r.train_args(model, 1, world, 64, ["--devices", str(world), "--strategy", "full_shard",
+                                              "--checkpoint-dir", ck])
+    rows = {"save_s": [], "dd_write_s": [], "load_cold_s": [], "cat_cold_s": [],
+            "load_warm_s": [], "cat_warm_s": []}
+    dropped = True
+    for _ in range(rounds):
+        shutil.rmtree(ck, ignore_errors=True)
+        out = subprocess.run(args, env=r.env, check=True, capture_output=True, text=True).stdout
+        rows["save_s"].append(seconds_of(r"checkpoints .*: \S+ \S+ in ([0-9.]+) s", out))
+        step_dir = os.path.join(ck, "step-00000001")
+        files = sorted(os.path.join(step_dir, f) for f in os.listdir(step_dir))
+        nbytes = sum(os.path.getsize(f) for f in files)
+        target = os.path.join(r.work, "dd.bin")
+        dd = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M",
+                             f"count={(nbytes + 2**20 - 1) // 2**20}", "conv=fsync"],
+                            check=True, capture_output=True, text=True).stderr
+        rows["dd_write_s"].append(seconds_of(r"copied, ([0-9.e-]+) s", dd))
+        os.unlink(target)
+        for temp in ("cold", "warm"):
+            if temp == "cold":
+                dropped = drop_page_cache() and dropped
+            t = time.perf_counter()
+            subprocess.run(["cat"] + files, stdout=subprocess.DEVNULL, check=True)
+            rows[f"cat_{temp}_s"].append(time.perf_counter() - t)
+            if temp == "cold":
+                dropped = drop_page_cache() and dropped
+            out = subprocess.run(args + ["--resume"], env=r.env, check=True, capture_output=True,
+                                 text=True).stdout
+            rows[f"load_{temp}_s"].append(seconds_of(r"resumed from .* in ([0-9.]+) s\)", out))
+        # A loader puts the bytes in new memory (new shards, new optimizer state): the first touch
+        # of as many fresh bytes (a new mapping, written once) is the other floor of a load.
+        t = time.perf_counter()
+        fresh = b"\x01" * nbytes
+        rows.setdefault("first_touch_s", []).append(time.perf_counter() - t)
+        del fresh
+    io = {k: median(v) for k, v in rows.items()}
+    io.update(bytes=nbytes, world=world, model=model, rounds=rounds, runs=rows,
+              cache_dropped=dropped, command=shown(args))
+    for what in ("save", "load_cold", "load_warm"):
+        base = {"save": "dd_write", "load_cold": "cat_cold", "load_warm": "cat_warm"}[what]
+        io[f"{what}_ratio"] = io[f"{base}_s"] / io[f"{what}_s"]
+        log(f"checkpoint: {what} {nbytes / 2**20 / io[f'{what}_s']:.0f} MiB/s, "
+            f"{base} {nbytes / 2**20 / io[f'{base}_s']:.0f} MiB/s ({100 * io[f'{what}_ratio']:.0f}%)")
+
+    steps, every = (6, 2) if quick else (13, 4)
+    plain = r.fsdp(model, steps, world, 128, world, "full_shard")
+    ck2 = os.path.join(r.work, "ck-async")
+    shutil.rmtree(ck2, ignore_errors=True)
+    run = r.fsdp(model, steps, world, 128, world, "full_shard", label="async",
+                 extra=["--checkpoint-dir", ck2, "--checkpoint-every", str(every),
+                        "--checkpoint-async"])
+    blocked = [m["checkpoint_blocked_s"] for m in run["steps"]
+               if "checkpoint_blocked_s" in m and m["step"] > every]
+    staging = re.search(r"staging buffer ([0-9.]+) ([KMG])iB", run["output"])
+    staging_bytes = int(float(staging.group(1)) * {"K": 2**10, "M": 2**20, "G": 2**30}[staging.group(2)])
+    src, dst = bytearray(b"x") * staging_bytes, bytearray(b"y") * staging_bytes
+    copies = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst[:] = src
+        copies.append(time.perf_counter() - t)
+    during = [m["step_time_s"] for m in run["steps"] if m["step"] > every and (m["step"] - 1) % every == 0]
+    io["async"] = {"blocked_s": median(blocked), "staging_bytes": staging_bytes,
+                   "memcpy_s": min(copies), "blocked_ratio": median(blocked) / min(copies),
+                   "step_during_save_s": median(during), "step_plain_s": plain["median_step_s"],
+                   "slowdown": median(during) / plain["median_step_s"] - 1,
+                   "steps": steps, "every": every, "command": run["command"]}
+    log(f"checkpoint: async blocked {median(blocked):.4f} s per save "
+        f"({io['async']['blocked_ratio']:.2f}x memcpy), steps during a save "
+        f"{100 * io['async']['slowdown']:+.1f}%")
+    io["load_after"] = os.getloadavg()[0]
+    results["checkpoint"] = io
+
+
 # ---------------------------------------------------------------------------------------------
 
 def main():
@@ -518,7 +627,7 @@ def main():
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
     ap.add_argument("--sections",
-                    default="peers,peers26,scaling,memory,beyond,construction,planner")
+                    default="peers,peers26,scaling,memory,beyond,construction,checkpoint,planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -544,7 +653,8 @@ def main():
         r = Runner(build, work, args.quick)
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
                          ("memory", memory_headline), ("beyond", beyond_one_rank),
-                         ("construction", construction_cost), ("planner", planner)):
+                         ("construction", construction_cost), ("checkpoint", checkpoint_io),
+                         ("planner", planner)):
             if name in sections:
                 fn(r, results, args.quick)
                 save()

@@ -442,6 +442,51 @@ def main():
                       f"{fmt_b(r['deferred_peak_rss'])} | {fmt_b(r['eager_peak_rss'])} |")
         md += ["", f"Rerun: `bench/bench.py --sections construction --merge` "
                f"(one run: `{cons['rows'][-1]['command']}`).", ""]
+    ck = res.get("checkpoint")
+    if ck:
+        mib = ck["bytes"] / 2**20
+
+        def rate(sec):
+            return f"{mib / sec:.0f} MiB/s ({sec:.3f} s)"
+        md += ["## Checkpoint I/O", "",
+               f"A sharded checkpoint of the {ck['model']} GPT with AdamW, FULL_SHARD, "
+               f"W = {ck['world']}: {fmt_b(ck['bytes'])} in one file per rank. Save: fsdp-train's "
+               "own timer on rank 0, the fsync of every file and of the directories included, "
+               "against `dd if=/dev/zero conv=fsync` of as many bytes. Load: `--resume` with "
+               "nothing left to train (rank 0's timer of load_checkpoint), against `cat` of the "
+               "checkpoint's files; cold with the page cache dropped before each read"
+               + ("" if ck["cache_dropped"] else " (**not dropped here: not root, reads came from "
+                  "memory**)") + f", then warm. Medians of {ck['rounds']} rounds. Goals: "
+               "save and load at >= 85% of the disk.", "",
+               "| operation | fsdp | disk (dd / cat) | fsdp / disk |", "|---|---|---|---|",
+               f"| save | {rate(ck['save_s'])} | {rate(ck['dd_write_s'])} | "
+               f"{100 * ck['save_ratio']:.0f}% |",
+               f"| load, cold cache | {rate(ck['load_cold_s'])} | {rate(ck['cat_cold_s'])} | "
+               f"{100 * ck['load_cold_ratio']:.0f}% |",
+               f"| load, warm cache | {rate(ck['load_warm_s'])} | {rate(ck['cat_warm_s'])} | "
+               f"{100 * ck['load_warm_ratio']:.0f}% |", "",
+               "A load also puts every byte in new memory (the new shards and optimizer state; the "
+               "model changes only after every rank has read everything), and in this VM memory "
+               "the guest has not touched before is slow: one process writing a fresh "
+               f"{fmt_b(ck['bytes'])} buffer takes {ck['first_touch_s']:.3f} s, far more than "
+               "reading the files. That, not the reads, is most of the load (a W = 1 load of this "
+               "checkpoint: 0.05 s reading and checking, the rest mapping new memory; NOTE "
+               "[one-pass load]). `cat` \"cold\" runs at GB/s because the host caches the "
+               "virtual disk: dropping the guest's page cache does not reach the disk.", ""]
+        a = ck.get("async")
+        if a:
+            md += [f"Async saves (`--checkpoint-async`, every {a['every']} of {a['steps']} steps, "
+                   "seq 128): training is blocked per save (after the first, which allocates the "
+                   f"staging buffer) {a['blocked_s']:.4f} s, against {a['memcpy_s']:.4f} s for a "
+                   f"memcpy of its {fmt_b(a['staging_bytes'])} of staging into a touched buffer: "
+                   f"**{a['blocked_ratio']:.2f}x** (goal <= 1.2x). Steps while a save is written "
+                   f"in the background: {a['step_during_save_s']:.3f} s against "
+                   f"{a['step_plain_s']:.3f} s without checkpoints: **{100 * a['slowdown']:+.1f}%** "
+                   "(goal within 10%; on this machine the writer thread shares 2 cores with "
+                   f"{ck['world']} ranks).", ""]
+        md += [f"Rerun: `bench/bench.py --sections checkpoint --merge` (one save: "
+               f"`{ck['command']}`; `bench/checkpoint_io.sh` and `bench/async_checkpoint.sh` are "
+               "the same measurements as shell scripts).", ""]
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",

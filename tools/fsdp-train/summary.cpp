@@ -20,7 +20,7 @@ namespace {
 
 std::string rate(double bytes, double seconds) {
   char s[32];
-  std::snprintf(s, sizeof(s), "%.2f", seconds);
+  std::snprintf(s, sizeof(s), "%.3f", seconds);
   return cat(fsdp::format_bytes(bytes), " in ", s, " s (",
              fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
 }

@@ -358,7 +358,7 @@ int run_training(const TrainOptions& o, const TrainPlan& p) {
         sampler.restore(state.values.at("sampler"));
         first_step = ckpt.resumed_step = state.step;
         if (lead) {
-          std::printf("fsdp-train: resumed from %s at step %lld (%s in %.2f s)\n", latest->c_str(),
+          std::printf("fsdp-train: resumed from %s at step %lld (%s in %.3f s)\n", latest->c_str(),
                       static_cast<long long>(state.step),
                       fsdp::format_bytes(double(ckpt.loaded->bytes)).c_str(), ckpt.loaded->seconds);
           if (state.values.count("settings") && state.values.at("settings") != settings_line(o, p)) {
