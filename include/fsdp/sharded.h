@@ -58,14 +58,14 @@ class Optimizer;
 
 namespace fsdp {
 
-class FullyShardedModule;
+class ShardedModuleBase;
 class UnitHooks;
 
 namespace detail {
 class Engine;
 struct UnitState;
 // The engine behind a sharded module (checkpoint.cpp reads its layout).
-const std::shared_ptr<Engine>& engine_of(const FullyShardedModule& model);
+const std::shared_ptr<Engine>& engine_of(const ShardedModuleBase& model);
 // Called by UnitImpl::forward around M::forward.
 void unit_pre_forward(UnitState* unit);
 void unit_post_forward(UnitState* unit, const std::vector<at::Tensor>& outputs);
@@ -277,15 +277,17 @@ struct MemoryStats {
 // Bytes of optimizer state (Adam/AdamW moments, SGD momentum, RMSprop/Adagrad buffers).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
-// The engine shared by every ShardedModule<M>; see shard().
-class FullyShardedModule {
+// The non-template base of every ShardedModule<M>, whatever the sharding strategy (FULL_SHARD,
+// NO_SHARD, HYBRID_SHARD, ...): everything but the forward. Take a ShardedModuleBase& to accept
+// any sharded model (save_checkpoint does); see shard().
+class ShardedModuleBase {
  public:
-  // Virtual: a ShardedModule<M> held through a FullyShardedModule pointer releases its M too.
-  virtual ~FullyShardedModule() = default;
-  FullyShardedModule(const FullyShardedModule&) = default;
-  FullyShardedModule(FullyShardedModule&&) = default;
-  FullyShardedModule& operator=(const FullyShardedModule&) = default;
-  FullyShardedModule& operator=(FullyShardedModule&&) = default;
+  // Virtual: a ShardedModule<M> held through a ShardedModuleBase pointer releases its M too.
+  virtual ~ShardedModuleBase() = default;
+  ShardedModuleBase(const ShardedModuleBase&) = default;
+  ShardedModuleBase(ShardedModuleBase&&) = default;
+  ShardedModuleBase& operator=(const ShardedModuleBase&) = default;
+  ShardedModuleBase& operator=(ShardedModuleBase&&) = default;
 
   // This rank's trainable parameter shards, one flat fp32 tensor per unit that has trainable
   // parameters: give these to the optimizer. Frozen parameters (NOTE [frozen parameters]) are
@@ -350,19 +352,22 @@ class FullyShardedModule {
   c10::ScalarType param_dtype() const;
 
  protected:
-  FullyShardedModule(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
-                     std::shared_ptr<Runtime> runtime);
-  friend const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModule&);
+  ShardedModuleBase(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
+                    std::shared_ptr<Runtime> runtime);
+  friend const std::shared_ptr<detail::Engine>& detail::engine_of(const ShardedModuleBase&);
   std::shared_ptr<detail::Engine> engine_;
 };
 
+// The old name of ShardedModuleBase, from when it ran FULL_SHARD only.
+using FullyShardedModule [[deprecated("renamed ShardedModuleBase")]] = ShardedModuleBase;
+
 // A sharded M: call it like M.
 template <class M>
-class ShardedModule : public FullyShardedModule {
+class ShardedModule : public ShardedModuleBase {
  public:
   ShardedModule(std::shared_ptr<M> module, const FSDPStrategy& strategy,
                 std::shared_ptr<Runtime> runtime)
-      : FullyShardedModule(module, strategy, std::move(runtime)), module_(std::move(module)) {}
+      : ShardedModuleBase(module, strategy, std::move(runtime)), module_(std::move(module)) {}
 
   // Gathers the root unit, runs M::forward (units gather and free themselves), arms backward.
   // With mixed precision, floating-point tensor arguments are cast to the compute dtype.

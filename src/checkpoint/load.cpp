@@ -18,7 +18,7 @@ using detail::OptimizerKind;
 using detail::ParamState;
 using detail::read_chunk;
 
-CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
+CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state,
                                const CheckpointOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
