@@ -25,7 +25,7 @@ MAX_LINES = 700
 # (name, what the layer is, file patterns relative to the repository root), lowest first.
 LAYERS = [
     ("base", "errors, the libtorch version differences, small utilities",
-     ["include/fsdp/error.h", "src/error.cpp", "src/compat.h", "src/parse_enum.h",
+     ["include/fsdp/error.h", "src/error.cpp", "src/compat.h", "include/fsdp/parse_enum.h",
       "src/unique_fd.h", "include/fsdp/memory.h", "src/memory.cpp"]),
     ("cluster", "where this process sits in the job, read from the launcher's environment",
      ["include/fsdp/cluster.h", "src/cluster.cpp"]),

@@ -4,11 +4,10 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cctype>
 
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 
 namespace fsdp {
 
@@ -24,15 +23,12 @@ const char* to_string(CollectiveAlgorithm a) {
 }
 
 CollectiveAlgorithm parse_collective_algorithm(const std::string& text) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (auto a : {CollectiveAlgorithm::kAuto, CollectiveAlgorithm::kNative,
-                 CollectiveAlgorithm::kRing, CollectiveAlgorithm::kAllToAll,
-                 CollectiveAlgorithm::kAllReduce}) {
-    if (t == to_string(a)) return a;
-  }
-  throw Error(detail::cat("reduce-scatter algorithm '", text,
-                          "' is unknown; use auto, native, ring, alltoall or allreduce"));
+  // The algorithm applies to all-gather and reduce-scatter alike: the message names both.
+  return parse_enum(text,
+                    {CollectiveAlgorithm::kAuto, CollectiveAlgorithm::kNative,
+                     CollectiveAlgorithm::kRing, CollectiveAlgorithm::kAllToAll,
+                     CollectiveAlgorithm::kAllReduce},
+                    "all-gather/reduce-scatter algorithm");
 }
 
 CommCounters& CommCounters::operator+=(const CommCounters& o) {

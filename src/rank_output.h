@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/error.h"
+#include "unique_fd.h"
 
 namespace fsdp::detail {
 
@@ -49,33 +50,28 @@ class RankOutput {
       Stream& s = streams_[i];
       s.rank = ranks[i];
       if (!(tty_ && open_pty(s)) && !open_pipe(s)) {
-        const int err = errno;
-        close_all();  // a throwing constructor runs no destructor: the earlier ranks' streams
+        // streams_ is destroyed on the way out, closing the earlier ranks' descriptors.
         throw Error(detail::cat("could not create the output channel of rank ", s.rank, ": ",
-                                std::strerror(err)));
+                                std::strerror(errno)));
       }
     }
   }
-  ~RankOutput() { close_all(); }
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;
 
   // The descriptor that becomes stderr of the i-th rank (dup2 it in the child, before exec).
-  int child_fd(size_t i) const { return streams_[i].child_fd; }
+  int child_fd(size_t i) const { return streams_[i].child_fd.get(); }
   // After the i-th rank was forked: the supervisor's copy of its end is closed, so that the
   // rank's exit ends the stream.
-  void started(size_t i) {
-    ::close(streams_[i].child_fd);
-    streams_[i].child_fd = -1;
-  }
+  void started(size_t i) { streams_[i].child_fd.reset(); }
 
   // Waits up to `timeout` for output, forwards what is due.
   void pump(std::chrono::milliseconds timeout) {
     std::vector<pollfd> fds;
     std::vector<size_t> which;
     for (size_t i = 0; i < streams_.size(); ++i) {
-      if (streams_[i].read_fd < 0) continue;
-      fds.push_back({streams_[i].read_fd, POLLIN, 0});
+      if (!streams_[i].read_fd.valid()) continue;
+      fds.push_back({streams_[i].read_fd.get(), POLLIN, 0});
       which.push_back(i);
     }
     if (fds.empty()) {
@@ -98,8 +94,8 @@ class RankOutput {
       std::vector<pollfd> fds;
       std::vector<size_t> which;
       for (size_t i = 0; i < streams_.size(); ++i) {
-        if (streams_[i].read_fd >= 0) {
-          fds.push_back({streams_[i].read_fd, POLLIN, 0});
+        if (streams_[i].read_fd.valid()) {
+          fds.push_back({streams_[i].read_fd.get(), POLLIN, 0});
           which.push_back(i);
         }
       }
@@ -110,8 +106,7 @@ class RankOutput {
     }
     for (size_t i = 0; i < streams_.size(); ++i) {
       Stream& s = streams_[i];
-      if (s.read_fd >= 0) ::close(s.read_fd);
-      s.read_fd = -1;
+      s.read_fd.reset();
       s.closed = true;
       if (!s.partial.empty()) {  // a last line without its newline
         s.partial += '\n';
@@ -125,17 +120,10 @@ class RankOutput {
   }
 
  private:
-  void close_all() {
-    for (Stream& s : streams_) {
-      if (s.read_fd >= 0) ::close(s.read_fd);
-      if (s.child_fd >= 0) ::close(s.child_fd);
-      s.read_fd = s.child_fd = -1;
-    }
-  }
   struct Stream {
     int64_t rank = 0;
-    int read_fd = -1;
-    int child_fd = -1;
+    UniqueFd read_fd;   // the supervisor's end
+    UniqueFd child_fd;  // the rank's end (stderr), until started()
     bool closed = false;
     bool mid_line = false;  // the start of the current line was already forwarded
     std::string partial;    // text after the last newline
@@ -153,35 +141,32 @@ class RankOutput {
   static bool open_pipe(Stream& s) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return false;
-    s.read_fd = fds[0];
-    s.child_fd = fds[1];
-    ::fcntl(s.read_fd, F_SETFL, O_NONBLOCK);
+    s.read_fd.reset(fds[0]);
+    s.child_fd.reset(fds[1]);
+    ::fcntl(s.read_fd.get(), F_SETFL, O_NONBLOCK);
     return true;
   }
 
   static bool open_pty(Stream& s) {
-    int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (master < 0) return false;
+    UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!master.valid()) return false;
     char name[128];
-    int slave = -1;
-    if (::grantpt(master) == 0 && ::unlockpt(master) == 0 &&
-        ::ptsname_r(master, name, sizeof(name)) == 0) {
-      slave = ::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    UniqueFd slave;
+    if (::grantpt(master.get()) == 0 && ::unlockpt(master.get()) == 0 &&
+        ::ptsname_r(master.get(), name, sizeof(name)) == 0) {
+      slave.reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
     }
-    if (slave < 0) {
-      ::close(master);
-      return false;
-    }
+    if (!slave.valid()) return false;
     termios t{};
-    if (::tcgetattr(slave, &t) == 0) {
+    if (::tcgetattr(slave.get(), &t) == 0) {
       ::cfmakeraw(&t);  // no "\n" -> "\r\n": the bytes arrive as the rank wrote them
-      ::tcsetattr(slave, TCSANOW, &t);
+      ::tcsetattr(slave.get(), TCSANOW, &t);
     }
     winsize size{};
-    if (::ioctl(2, TIOCGWINSZ, &size) == 0) ::ioctl(slave, TIOCSWINSZ, &size);
-    ::fcntl(master, F_SETFL, O_NONBLOCK);
-    s.read_fd = master;
-    s.child_fd = slave;
+    if (::ioctl(2, TIOCGWINSZ, &size) == 0) ::ioctl(slave.get(), TIOCSWINSZ, &size);
+    ::fcntl(master.get(), F_SETFL, O_NONBLOCK);
+    s.read_fd = std::move(master);
+    s.child_fd = std::move(slave);
     return true;
   }
 
@@ -189,7 +174,7 @@ class RankOutput {
     Stream& s = streams_[i];
     char buf[65536];
     for (;;) {
-      const ssize_t n = ::read(s.read_fd, buf, sizeof(buf));
+      const ssize_t n = ::read(s.read_fd.get(), buf, sizeof(buf));
       if (n > 0) {
         if (s.partial.empty()) s.partial_since = std::chrono::steady_clock::now();
         s.partial.append(buf, static_cast<size_t>(n));
@@ -198,8 +183,7 @@ class RankOutput {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EAGAIN) break;
       // EOF, or EIO: a pseudo-terminal whose rank side is closed.
-      ::close(s.read_fd);
-      s.read_fd = -1;
+      s.read_fd.reset();
       s.closed = true;
       break;
     }

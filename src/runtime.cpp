@@ -24,6 +24,7 @@
 #include "c10d_group.h"
 #include "compat.h"
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 #include "fsdp/cluster.h"
 #include "runtime_internal.h"
 
@@ -43,12 +44,7 @@ const char* to_string(Backend b) {
 }
 
 Backend parse_backend(const std::string& text) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (auto b : {Backend::kAuto, Backend::kGloo, Backend::kNccl}) {
-    if (t == to_string(b)) return b;
-  }
-  throw Error(detail::cat("backend '", text, "' is unknown; use auto, gloo or nccl"));
+  return parse_enum(text, {Backend::kAuto, Backend::kGloo, Backend::kNccl}, "backend");
 }
 
 // NOTE [CPU heap]: a training step allocates and frees the same activations, gradients and
@@ -76,12 +72,8 @@ const char* to_string(HeapPolicy p) {
 }
 
 HeapPolicy parse_heap_policy(const std::string& text) {
-  std::string t;
-  for (char c : text) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (t == "retain") return HeapPolicy::kRetain;
-  if (t == "lean") return HeapPolicy::kLean;
-  if (t == "unchanged") return HeapPolicy::kUnchanged;
-  throw Error(detail::cat("heap policy '", text, "' is unknown; use retain, lean or unchanged"));
+  return parse_enum(text, {HeapPolicy::kRetain, HeapPolicy::kLean, HeapPolicy::kUnchanged},
+                    "heap policy");
 }
 
 bool set_heap_policy(HeapPolicy policy) {

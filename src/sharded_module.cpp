@@ -1,4 +1,4 @@
-// fsdp::FullyShardedModule's methods, forwarding to the engine, and the runtime a strategy gets
+// fsdp::ShardedModuleBase's methods, forwarding to the engine, and the runtime a strategy gets
 // (see fsdp/sharded.h).
 #include "engine.h"
 
@@ -20,71 +20,71 @@ std::shared_ptr<Runtime> detail::runtime_for(const FSDPStrategy& strategy,
   return runtime;
 }
 
-FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> module,
-                                       const FSDPStrategy& strategy,
-                                       std::shared_ptr<Runtime> runtime) {
+ShardedModuleBase::ShardedModuleBase(std::shared_ptr<torch::nn::Module> module,
+                                     const FSDPStrategy& strategy,
+                                     std::shared_ptr<Runtime> runtime) {
   engine_ = std::make_shared<detail::Engine>(std::move(module), strategy,
                                              detail::runtime_for(strategy, std::move(runtime)));
   engine_->build();
 }
 
-const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModule& model) {
+const std::shared_ptr<detail::Engine>& detail::engine_of(const ShardedModuleBase& model) {
   return model.engine_;
 }
 
-std::vector<at::Tensor> FullyShardedModule::parameters() const { return engine_->parameters(); }
-void FullyShardedModule::check_optimizer(const torch::optim::Optimizer& optimizer) const {
+std::vector<at::Tensor> ShardedModuleBase::parameters() const { return engine_->parameters(); }
+void ShardedModuleBase::check_optimizer(const torch::optim::Optimizer& optimizer) const {
   engine_->check_optimizer(optimizer);
 }
-int64_t FullyShardedModule::trainable_numel() const { return engine_->trainable_numel(); }
-int64_t FullyShardedModule::total_numel() const { return engine_->total_numel(); }
-torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::named_parameters() const {
+int64_t ShardedModuleBase::trainable_numel() const { return engine_->trainable_numel(); }
+int64_t ShardedModuleBase::total_numel() const { return engine_->total_numel(); }
+torch::OrderedDict<std::string, at::Tensor> ShardedModuleBase::named_parameters() const {
   return engine_->named_parameters();
 }
 
-FullyShardedModule::NoSyncGuard::NoSyncGuard(std::shared_ptr<detail::Engine> engine, bool enabled)
+ShardedModuleBase::NoSyncGuard::NoSyncGuard(std::shared_ptr<detail::Engine> engine, bool enabled)
     : engine_(enabled ? std::move(engine) : nullptr) {
   if (engine_) engine_->set_sync(false);
 }
-FullyShardedModule::NoSyncGuard::~NoSyncGuard() {
+ShardedModuleBase::NoSyncGuard::~NoSyncGuard() {
   if (engine_) engine_->set_sync(true);
 }
-FullyShardedModule::NoSyncGuard FullyShardedModule::no_sync(bool enabled) {
+ShardedModuleBase::NoSyncGuard ShardedModuleBase::no_sync(bool enabled) {
   return NoSyncGuard(engine_, enabled);
 }
 
-double FullyShardedModule::clip_grad_norm(double max_norm) {
+double ShardedModuleBase::clip_grad_norm(double max_norm) {
   return engine_->clip_grad_norm(max_norm);
 }
-torch::OrderedDict<std::string, at::Tensor> FullyShardedModule::state_dict() {
+torch::OrderedDict<std::string, at::Tensor> ShardedModuleBase::state_dict() {
   return engine_->state_dict();
 }
-void FullyShardedModule::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& d) {
+void ShardedModuleBase::load_state_dict(const torch::OrderedDict<std::string, at::Tensor>& d) {
   engine_->load_state_dict(d);
 }
 
-FullyShardedModule::SummonGuard::SummonGuard(std::shared_ptr<detail::Engine> engine)
+ShardedModuleBase::SummonGuard::SummonGuard(std::shared_ptr<detail::Engine> engine)
     : engine_(std::move(engine)) {
   engine_->summon(true);
 }
-FullyShardedModule::SummonGuard::~SummonGuard() {
+ShardedModuleBase::SummonGuard::~SummonGuard() {
   if (engine_) engine_->summon(false);
 }
-FullyShardedModule::SummonGuard FullyShardedModule::summon_full_params() {
+ShardedModuleBase::SummonGuard ShardedModuleBase::summon_full_params() {
   return SummonGuard(engine_);
 }
 
-MemoryStats FullyShardedModule::memory_stats(const torch::optim::Optimizer* optimizer) const {
+MemoryStats ShardedModuleBase::memory_stats(const torch::optim::Optimizer* optimizer) const {
   return engine_->memory_stats(optimizer);
 }
-void FullyShardedModule::reset_peak_memory() { engine_->reset_peak_memory(); }
-std::vector<std::pair<std::string, CommCounters>> FullyShardedModule::comm_counters() const {
+void ShardedModuleBase::reset_peak_memory() { engine_->reset_peak_memory(); }
+std::vector<std::pair<std::string, CommCounters>> ShardedModuleBase::comm_counters() const {
   return engine_->comm_counters();
 }
-const ShardingPlan& FullyShardedModule::plan() const { return engine_->plan(); }
-const std::vector<UnitInfo>& FullyShardedModule::units() const { return engine_->units(); }
-std::shared_ptr<Runtime> FullyShardedModule::runtime() const { return engine_->runtime(); }
-std::shared_ptr<DeviceMesh> FullyShardedModule::mesh() const { return engine_->mesh(); }
-c10::ScalarType FullyShardedModule::param_dtype() const { return engine_->param_dtype(); }
+const ShardingPlan& ShardedModuleBase::plan() const { return engine_->plan(); }
+const std::vector<UnitInfo>& ShardedModuleBase::units() const { return engine_->units(); }
+std::shared_ptr<Runtime> ShardedModuleBase::runtime() const { return engine_->runtime(); }
+std::shared_ptr<DeviceMesh> ShardedModuleBase::mesh() const { return engine_->mesh(); }
+c10::ScalarType ShardedModuleBase::param_dtype() const { return engine_->param_dtype(); }
 
 }  // namespace fsdp

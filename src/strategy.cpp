@@ -10,19 +10,9 @@
 #include <set>
 
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 
 namespace fsdp {
-
-namespace {
-std::string normalise(const std::string& text) {
-  std::string t;
-  for (char c : text) {
-    if (std::isspace(static_cast<unsigned char>(c))) continue;
-    t += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  }
-  return t;
-}
-}  // namespace
 
 const char* to_string(ShardingStrategy s) {
   switch (s) {
@@ -36,14 +26,11 @@ const char* to_string(ShardingStrategy s) {
 }
 
 ShardingStrategy parse_sharding_strategy(const std::string& text) {
-  const std::string t = normalise(text);
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
-                 ShardingStrategy::kHybridShardZero2}) {
-    if (t == to_string(s)) return s;
-  }
-  throw Error(detail::cat("sharding strategy '", text, "' is unknown; use FULL_SHARD, "
-                          "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2 (any case)"));
+  return parse_enum(text,
+                    {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                     ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
+                     ShardingStrategy::kHybridShardZero2},
+                    "sharding strategy", Spelling::kLoose);
 }
 
 bool is_hybrid(ShardingStrategy s) {
@@ -64,13 +51,9 @@ const char* to_string(GradSync g) {
 }
 
 GradSync parse_grad_sync(const std::string& text) {
-  std::string t = normalise(text);
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (auto g : {GradSync::kEveryMicroStep, GradSync::kLocal, GradSync::kReplicateOnLast}) {
-    if (t == to_string(g)) return g;
-  }
-  throw Error(detail::cat("gradient sync mode '", text,
-                          "' is unknown; use every, local or replicate_on_last"));
+  return parse_enum(text,
+                    {GradSync::kEveryMicroStep, GradSync::kLocal, GradSync::kReplicateOnLast},
+                    "gradient sync mode", Spelling::kLoose);
 }
 
 const char* to_string(StateDictType t) {

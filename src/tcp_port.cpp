@@ -9,29 +9,25 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "unique_fd.h"
+
 namespace fsdp::detail {
 
 int try_bind(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
+  const UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return -errno;
   if (port != 0) {
     int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  int result;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    result = -errno;
-  } else {
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    result = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return result;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -errno;
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace fsdp::detail

@@ -247,9 +247,9 @@ std::shared_ptr<torch::nn::Module> make_model(Model m, uint64_t seed, double dro
 
 // A sharded model of any of the kinds, called on tokens.
 // `base` is a shared_ptr made from the derived type, so it destroys a ShardedModule<M> (and
-// releases its model): FullyShardedModule's destructor is not virtual.
+// releases its model): ShardedModuleBase's destructor is not virtual.
 struct Sharded {
-  std::shared_ptr<FullyShardedModule> base;
+  std::shared_ptr<ShardedModuleBase> base;
   std::function<torch::Tensor(const torch::Tensor&)> call;
 };
 

@@ -604,7 +604,7 @@ TEST(Engine, DeletingThroughTheBaseReleasesTheModel) {
   run_ranks(1, [&](Runtime& rt) {
     auto net = std::make_shared<NetImpl>();
     std::weak_ptr<NetImpl> weak = net;
-    std::unique_ptr<FullyShardedModule> model = std::make_unique<ShardedModule<NetImpl>>(
+    std::unique_ptr<ShardedModuleBase> model = std::make_unique<ShardedModule<NetImpl>>(
         shard(std::move(net), FSDPStrategy(), std::shared_ptr<Runtime>(&rt, [](Runtime*) {})));
     EXPECT_FALSE(weak.expired());
     model.reset();

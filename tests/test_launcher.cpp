@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
+#include "rank_output.h"
 #include "testing.h"
 
 using namespace fsdp::testing;
@@ -651,6 +653,40 @@ TEST(Launcher, RanksStillSeeATerminal) {
   EXPECT_NE(r.output.find("stderr is a terminal [ranks 0,1]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\r[########################] step 3/3"), std::string::npos) << r.output;
   EXPECT_EQ(count(r.output, "step 3/3"), 1) << r.output;  // rank 0's bar only
+}
+
+namespace {
+// This process's open descriptors.
+int64_t open_fds() {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+}  // namespace
+
+// RankOutput opens two descriptors per rank; when one rank's cannot be opened (here: the
+// descriptor limit) the constructor throws, and what it opened for the ranks before is closed.
+TEST(Launcher, RankOutputClosesWhatItOpenedWhenItThrows) {
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  int highest = 2;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    highest = std::max(highest, std::stoi(e.path().filename().string()));
+  }
+  const int64_t before = open_fds();
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(highest + 1 + 5);  // room for about two ranks, not 16
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::string error;
+  try {
+    fsdp::detail::RankOutput out(std::vector<int64_t>(16, 0), 0ms);
+  } catch (const fsdp::Error& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_NE(error.find("could not create the output channel of rank"), std::string::npos)
+      << error;
+  EXPECT_EQ(open_fds(), before);
 }
 
 namespace {

@@ -10,7 +10,9 @@
 
 #include "fsdp/error.h"
 #include "fsdp/mesh.h"
+#include "fsdp/parse_enum.h"
 #include "fsdp/report.h"
+#include "fsdp/runtime.h"
 #include "fsdp/strategy.h"
 #include "testing.h"
 
@@ -153,6 +155,37 @@ TEST(Strategy, ParsingIsCaseInsensitive) {
   EXPECT_EQ(parse_grad_sync("replicate-on-last"), GradSync::kReplicateOnLast);
   EXPECT_NE(error_of([] { parse_grad_sync("sometimes"); }).find("use every, local or"),
             std::string::npos);
+}
+
+TEST(ParseEnum, OneRuleForEveryChoiceOfTheLibrary) {
+  // Any case; aliases parse but only the first name of each value is listed.
+  enum class Mode { kNone, kFull };
+  auto parse = [](const char* text) {
+    return parse_enum<Mode>(text, {{"none", Mode::kNone}, {"full", Mode::kFull},
+                                   {"off", Mode::kNone}, {"on", Mode::kFull}}, "mode");
+  };
+  EXPECT_EQ(parse("FULL"), Mode::kFull);
+  EXPECT_EQ(parse("Off"), Mode::kNone);
+  EXPECT_EQ(error_of([&] { parse("half"); }), "mode 'half' is unknown; use none or full");
+  // kLoose also ignores whitespace and reads '-' as '_'; kAnyCase does not.
+  EXPECT_TRUE(parse_enum<bool>(" Replicate-On_Last\t", {{"replicate_on_last", true}}, "x",
+                               Spelling::kLoose));
+  EXPECT_EQ(error_of([] { parse_enum<bool>("a-b", {{"a_b", true}, {"c", false}}, "--flag"); }),
+            "--flag 'a-b' is unknown; use a_b or c");
+  // The library's parsers: each names its option and lists every choice.
+  EXPECT_EQ(error_of([] { parse_backend("mpi"); }),
+            "backend 'mpi' is unknown; use auto, gloo or nccl");
+  EXPECT_EQ(parse_backend("GLOO"), Backend::kGloo);
+  EXPECT_EQ(parse_collective_algorithm("AllToAll"), CollectiveAlgorithm::kAllToAll);
+  EXPECT_EQ(error_of([] { parse_collective_algorithm("tree"); }),
+            "all-gather/reduce-scatter algorithm 'tree' is unknown; use auto, native, ring, "
+            "alltoall or allreduce");
+  EXPECT_EQ(parse_heap_policy("Lean"), HeapPolicy::kLean);
+  EXPECT_EQ(error_of([] { parse_grad_sync("sometimes"); }),
+            "gradient sync mode 'sometimes' is unknown; use every, local or replicate_on_last");
+  EXPECT_EQ(error_of([] { parse_sharding_strategy("zero3"); }),
+            "sharding strategy 'zero3' is unknown; use FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+            "HYBRID_SHARD or HYBRID_SHARD_ZERO2");
 }
 
 TEST(Strategy, PlansResolveEveryStrategyToAMesh) {

@@ -50,7 +50,7 @@ class AsyncCheckpointer {
   // Commits a save still in flight first (as wait() does). Collective: every rank, same path, at
   // the same point of training. Throws fsdp::Error on every rank for what save_checkpoint
   // refuses, and for a failure of the previous save's background write.
-  void save(const std::string& path, FullyShardedModule& model,
+  void save(const std::string& path, ShardedModuleBase& model,
             const torch::optim::Optimizer* optimizer, const TrainingState& state = {},
             const CheckpointOptions& options = {});
 

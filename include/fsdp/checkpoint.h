@@ -82,7 +82,7 @@ struct CheckpointInfo {
 // atomically). Collective: call on every rank with the same path. `optimizer` must be a
 // torch::optim Adam, AdamW, SGD, RMSprop or Adagrad over model.parameters(). Throws fsdp::Error
 // on every rank if any rank fails (disk full, unwritable directory...).
-CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& model,
+CheckpointInfo save_checkpoint(const std::string& path, ShardedModuleBase& model,
                                const torch::optim::Optimizer* optimizer,
                                const TrainingState& state = {},
                                const CheckpointOptions& options = {});
@@ -92,7 +92,7 @@ CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& mode
 // replaced. `state` (may be null) receives the caller's state. Collective. Throws fsdp::Error on
 // every rank — before changing anything — for a missing, truncated or corrupted file, a future
 // format version, or a model whose names or shapes differ (listing every mismatch).
-CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
+CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state = nullptr,
                                const CheckpointOptions& options = {});
 
@@ -167,14 +167,14 @@ struct ExportOptions {
 // Writes every parameter and buffer of `model` (frozen parameters too), unsharded, under the
 // model's names to `file`: ".pt" (PyTorch zip format, torch.load gives a dict name -> tensor) or
 // ".safetensors". Collective; rank 0 writes (atomically: "<file>.partial", then renamed).
-void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
+void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
                             const ExportOptions& options = {});
 
 // Loads a full checkpoint (".pt" from export_full_checkpoint, save_full_checkpoint or Python's
 // torch.save of a state dict; or ".safetensors") into `model` on any mesh. Every rank reads the
 // file. Collective; on a mismatch every rank throws, listing every missing, unexpected or
 // mis-shaped entry.
-void import_full_checkpoint(FullyShardedModule& model, const std::string& file);
+void import_full_checkpoint(ShardedModuleBase& model, const std::string& file);
 
 // The same two formats for a plain, unsharded libtorch module.
 void save_full_checkpoint(torch::nn::Module& module, const std::string& file);

@@ -1,9 +1,10 @@
 // fsdp/collectives.h: the communication interface the sharding engine talks to.
 //
 // A Group is a set of ranks that run collectives together: the world, one shard group or one
-// replicate group of a DeviceMesh. The engine never sees c10d or Gloo; make_group() in
-// runtime.h builds Groups on c10d (Gloo on CPU, NCCL on CUDA), make_single_process_group() a
-// trivial one for a world of one process.
+// replicate group of a DeviceMesh. The engine never sees c10d or Gloo: Runtime::world() and
+// Runtime::new_group() (runtime.h) build Groups on c10d (Gloo on CPU, NCCL on CUDA), as does
+// DeviceMesh (mesh.h) for each dim through new_group(); make_single_process_group() below builds
+// a trivial one for a world of one process.
 //
 // NOTE [collective contract]
 // - Every member must issue the same collectives on a group in the same order, with tensors of

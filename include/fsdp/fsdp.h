@@ -16,6 +16,7 @@
 #include "fsdp/launcher.h"
 #include "fsdp/memory.h"
 #include "fsdp/mesh.h"
+#include "fsdp/parse_enum.h"
 #include "fsdp/planner.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"

@@ -41,14 +41,16 @@
 #include <torch/ordered_dict.h>
 
 #include <memory>
-#include <optional>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "fsdp/activation_checkpoint.h"
+#include "fsdp/detail/collect_tensors.h"
+#include "fsdp/detail/engine_calls.h"
+#include "fsdp/detail/root_forward_scope.h"
+#include "fsdp/detail/unit_impl.h"
 #include "fsdp/strategy.h"
 #include "fsdp/unit_info.h"
 
@@ -58,183 +60,8 @@ class Optimizer;
 
 namespace fsdp {
 
-class FullyShardedModule;
-class UnitHooks;
-
-namespace detail {
-class Engine;
-struct UnitState;
-// The engine behind a sharded module (checkpoint.cpp reads its layout).
-const std::shared_ptr<Engine>& engine_of(const FullyShardedModule& model);
-// Called by UnitImpl::forward around M::forward.
-void unit_pre_forward(UnitState* unit);
-void unit_post_forward(UnitState* unit, const std::vector<at::Tensor>& outputs);
-// How to checkpoint the unit's forward now; nullopt unless the activation checkpointing policy
-// selects it and autograd is recording.
-std::optional<ActivationCheckpointOptions> unit_checkpoint(UnitState* unit);
-// Throws if the policy selects the unit: its forward's argument or result types cannot be stored.
-void unit_not_checkpointable(UnitState* unit);
-void root_pre_forward(Engine* engine);
-void root_abort_forward(Engine* engine);
-void root_post_forward(Engine* engine, const std::vector<at::Tensor>& outputs);
-at::Tensor cast_input(Engine* engine, const at::Tensor& t);
-
-// Runs the root's pre-forward; unless finish() is reached, undoes it (M::forward threw).
-class RootForwardScope {
- public:
-  explicit RootForwardScope(Engine* engine) : engine_(engine) { root_pre_forward(engine_); }
-  ~RootForwardScope() {
-    if (engine_) root_abort_forward(engine_);
-  }
-  RootForwardScope(const RootForwardScope&) = delete;
-  RootForwardScope& operator=(const RootForwardScope&) = delete;
-  void finish(const std::vector<at::Tensor>& outputs) {
-    Engine* e = engine_;
-    engine_ = nullptr;
-    root_post_forward(e, outputs);
-  }
-
- private:
-  Engine* engine_;
-};
-
-// The tensors a forward returned: a Tensor, a std::vector of them, or tuples/pairs of those
-// (non-tensor arithmetic members are allowed and carry no gradient).
-inline void collect_tensors(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
-inline void collect_tensors(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& v) {
-  out.insert(out.end(), v.begin(), v.end());
-}
-template <class A, class B>
-void collect_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p);
-template <class... T>
-void collect_tensors(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
-  std::apply([&](const auto&... e) { (collect_tensors(out, e), ...); }, t);
-}
-template <class A, class B>
-void collect_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
-  collect_tensors(out, p.first);
-  collect_tensors(out, p.second);
-}
-template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
-void collect_tensors(std::vector<at::Tensor>&, const T&) {}
-
-// The tensors among a forward's arguments (NOTE [frozen parameters]): tensors, vectors and
-// optionals of them; other argument types carry none.
-inline void collect_input_tensors(std::vector<at::Tensor>& out, const at::Tensor& t) {
-  out.push_back(t);
-}
-inline void collect_input_tensors(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& v) {
-  out.insert(out.end(), v.begin(), v.end());
-}
-template <class T>
-void collect_input_tensors(std::vector<at::Tensor>& out, const T& value) {
-  if constexpr (std::is_same_v<T, c10::optional<at::Tensor>> ||
-                std::is_same_v<T, std::optional<at::Tensor>>) {
-    if (value) out.push_back(*value);
-  }
-}
-// Whether the unit needs its arguments' gradients tracked (it has frozen parameters and autograd
-// is recording), and the tracking itself.
-bool unit_tracks_inputs(UnitState* unit);
-void unit_track_inputs(UnitState* unit, const std::vector<at::Tensor>& inputs);
-
-// NOTE [deferred init] (fsdp/deferred_init.h): called when a Unit<M>'s constructor returned;
-// under an active DeferredInit on this thread it keeps only this rank's shard. Returns whether
-// it did.
-struct DeferredUnit;
-struct DeferredAccess;  // reads and clears UnitHooks' shards (deferred_init.cpp)
-bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks);
-// Throws: a unit built under DeferredInit ran its forward without fsdp::shard().
-[[noreturn]] void deferred_unit_not_sharded();
-}  // namespace detail
-
-// Base of every interceptable unit. Holds the link the engine sets while the model is sharded.
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  bool fsdp_sharded() const { return fsdp_unit_ != nullptr; }
-
- protected:
-  // Runs body(args...) between the unit's pre- and post-forward, checkpointed if the policy says
-  // (`Rvalues`: body accepts its stored arguments as rvalues, which recomputation needs).
-  template <class R, bool Rvalues, class F, class... A>
-  R fsdp_run(F&& body, A&&... args) {
-    detail::UnitState* u = fsdp_unit_;
-    if (!u) {
-      if (fsdp_deferred_) detail::deferred_unit_not_sharded();
-      return body(std::forward<A>(args)...);
-    }
-    detail::unit_pre_forward(u);
-    if (detail::unit_tracks_inputs(u)) {
-      std::vector<at::Tensor> inputs;
-      (detail::collect_input_tensors(inputs, args), ...);
-      detail::unit_track_inputs(u, inputs);
-    }
-    R out = [&]() -> R {
-      if constexpr (Rvalues && detail::checkpointable_v<R, F, A...>) {
-        if (auto opts = detail::unit_checkpoint(u)) {
-          return detail::checkpoint_as<R>(*opts, body, std::forward<A>(args)...);
-        }
-      } else {
-        detail::unit_not_checkpointable(u);
-      }
-      return body(std::forward<A>(args)...);
-    }();
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(tensors, out);
-    detail::unit_post_forward(u, tensors);
-    return out;
-  }
-
- private:
-  friend class detail::Engine;
-  friend bool detail::deferred_unit_built(torch::nn::Module&, UnitHooks&);
-  friend struct detail::DeferredAccess;
-  detail::UnitState* fsdp_unit_ = nullptr;
-  // This rank's shards while built under DeferredInit and not yet adopted by fsdp::shard().
-  std::shared_ptr<detail::DeferredUnit> fsdp_deferred_;
-};
-
-// UnitImpl<M>: M with its forward intercepted. The forward signature is M's, so Sequential and
-// AnyModule accept it.
-template <class M, class Sig = decltype(&M::forward)>
-class UnitImpl;
-
-template <class M, class R, class... Args>
-class UnitImpl<M, R (M::*)(Args...)> : public M, public UnitHooks {
- public:
-  using M::M;
-  R forward(Args... args) {
-    constexpr bool rvalues = std::is_invocable_v<R (M::*)(Args...), M*, std::decay_t<Args>&&...>;
-    return fsdp_run<R, rvalues>(
-        [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
-        std::forward<Args>(args)...);
-  }
-
- private:
-  // Initialised after M's constructor returned (inheriting constructors still run member
-  // initialisers): NOTE [deferred init].
-  bool fsdp_deferred_built_ = detail::deferred_unit_built(*this, *this);
-};
-
-template <class M, class R, class... Args>
-class UnitImpl<M, R (M::*)(Args...) const> : public M, public UnitHooks {
- public:
-  using M::M;
-  R forward(Args... args) {
-    constexpr bool rvalues = std::is_invocable_v<R (M::*)(Args...) const, M*, std::decay_t<Args>&&...>;
-    return fsdp_run<R, rvalues>(
-        [this](auto&&... a) -> R { return M::forward(std::forward<decltype(a)>(a)...); },
-        std::forward<Args>(args)...);
-  }
-
- private:
-  // Initialised after M's constructor returned (inheriting constructors still run member
-  // initialisers): NOTE [deferred init].
-  bool fsdp_deferred_built_ = detail::deferred_unit_built(*this, *this);
-};
-
-// fsdp::Unit<BlockImpl> replaces the holder Block (TORCH_MODULE(Block)) in a model.
+// fsdp::Unit<BlockImpl> replaces the holder Block (TORCH_MODULE(Block)) in a model. UnitImpl<M>
+// (M with its forward intercepted) is in fsdp/detail/unit_impl.h.
 template <class M>
 using Unit = torch::nn::ModuleHolder<UnitImpl<M>>;
 
@@ -277,15 +104,17 @@ struct MemoryStats {
 // Bytes of optimizer state (Adam/AdamW moments, SGD momentum, RMSprop/Adagrad buffers).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
-// The engine shared by every ShardedModule<M>; see shard().
-class FullyShardedModule {
+// The non-template base of every ShardedModule<M>, whatever the sharding strategy (FULL_SHARD,
+// NO_SHARD, HYBRID_SHARD, ...): everything but the forward. Take a ShardedModuleBase& to accept
+// any sharded model (save_checkpoint does); see shard().
+class ShardedModuleBase {
  public:
-  // Virtual: a ShardedModule<M> held through a FullyShardedModule pointer releases its M too.
-  virtual ~FullyShardedModule() = default;
-  FullyShardedModule(const FullyShardedModule&) = default;
-  FullyShardedModule(FullyShardedModule&&) = default;
-  FullyShardedModule& operator=(const FullyShardedModule&) = default;
-  FullyShardedModule& operator=(FullyShardedModule&&) = default;
+  // Virtual: a ShardedModule<M> held through a ShardedModuleBase pointer releases its M too.
+  virtual ~ShardedModuleBase() = default;
+  ShardedModuleBase(const ShardedModuleBase&) = default;
+  ShardedModuleBase(ShardedModuleBase&&) = default;
+  ShardedModuleBase& operator=(const ShardedModuleBase&) = default;
+  ShardedModuleBase& operator=(ShardedModuleBase&&) = default;
 
   // This rank's trainable parameter shards, one flat fp32 tensor per unit that has trainable
   // parameters: give these to the optimizer. Frozen parameters (NOTE [frozen parameters]) are
@@ -350,19 +179,22 @@ class FullyShardedModule {
   c10::ScalarType param_dtype() const;
 
  protected:
-  FullyShardedModule(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
-                     std::shared_ptr<Runtime> runtime);
-  friend const std::shared_ptr<detail::Engine>& detail::engine_of(const FullyShardedModule&);
+  ShardedModuleBase(std::shared_ptr<torch::nn::Module> module, const FSDPStrategy& strategy,
+                    std::shared_ptr<Runtime> runtime);
+  friend const std::shared_ptr<detail::Engine>& detail::engine_of(const ShardedModuleBase&);
   std::shared_ptr<detail::Engine> engine_;
 };
 
+// The old name of ShardedModuleBase, from when it ran FULL_SHARD only.
+using FullyShardedModule [[deprecated("renamed ShardedModuleBase")]] = ShardedModuleBase;
+
 // A sharded M: call it like M.
 template <class M>
-class ShardedModule : public FullyShardedModule {
+class ShardedModule : public ShardedModuleBase {
  public:
   ShardedModule(std::shared_ptr<M> module, const FSDPStrategy& strategy,
                 std::shared_ptr<Runtime> runtime)
-      : FullyShardedModule(module, strategy, std::move(runtime)), module_(std::move(module)) {}
+      : ShardedModuleBase(module, strategy, std::move(runtime)), module_(std::move(module)) {}
 
   // Gathers the root unit, runs M::forward (units gather and free themselves), arms backward.
   // With mixed precision, floating-point tensor arguments are cast to the compute dtype.

@@ -150,6 +150,15 @@ class CheckpointPolicy {
   bool all_ = false;
 };
 
+// Every option of fsdp::shard(), as chainable setters with in-class defaults:
+//   fsdp::FSDPStrategy().sharding_strategy("hybrid_shard").forward_prefetch(false)
+// Each FSDP_OPTION(T, name, default) line below declares exactly these members (the macro only
+// saves writing them out for every option):
+//   public:  FSDPStrategy& name(T value);   // sets the option; returns *this for chaining
+//   public:  const T& name() const;         // reads it
+//   private: T name_ = default;
+// e.g. FSDP_OPTION(bool, forward_prefetch, true) gives forward_prefetch(bool) and
+// forward_prefetch() const, true until set.
 class FSDPStrategy {
 #define FSDP_OPTION(T, name, ...)                                  \
  public:                                                           \
@@ -161,6 +170,9 @@ class FSDPStrategy {
                                                                    \
  private:                                                          \
   T name##_ = __VA_ARGS__;
+
+  // The options. Each line declares the setter FSDPStrategy& name(T) and the getter
+  // const T& name() const (see above the class).
 
   // FULL_SHARD (default), SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2.
   FSDP_OPTION(ShardingStrategy, sharding_strategy, ShardingStrategy::kFullShard)

@@ -54,7 +54,7 @@ AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
 
 AsyncCheckpointer::~AsyncCheckpointer() = default;  // Impl joins the writer
 
-void AsyncCheckpointer::save(const std::string& path, FullyShardedModule& model,
+void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainingState& state, const CheckpointOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -17,19 +17,15 @@ namespace fsdp::detail {
 
 std::string errno_text() { return std::strerror(errno); }
 
-File::File(const std::string& path, int flags, mode_t mode) : path_(path) {
-  fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  FSDP_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
-}
-
-File::~File() {
-  if (fd_ >= 0) ::close(fd_);
+File::File(const std::string& path, int flags, mode_t mode)
+    : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
+  FSDP_CHECK(fd_.valid(), "cannot open '", path, "': ", errno_text());
 }
 
 void File::write(const void* data, int64_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)));
+    ssize_t w = ::write(fd_.get(), p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)));
     if (w < 0 && errno == EINTR) continue;
     FSDP_CHECK(w > 0, "writing '", path_, "' failed: ", errno_text());
     p += w;
@@ -40,7 +36,7 @@ void File::write(const void* data, int64_t n) {
 void File::read_at(void* data, int64_t n, int64_t offset) const {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    ssize_t r = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), offset);
+    ssize_t r = ::pread(fd_.get(), p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), offset);
     if (r < 0 && errno == EINTR) continue;
     FSDP_CHECK(r >= 0, "reading '", path_, "' failed: ", errno_text());
     FSDP_CHECK(r > 0, "'", path_, "' ended early (truncated?)");
@@ -55,23 +51,23 @@ void File::prefetch(int64_t offset, int64_t n) const {
 }
 
 void File::sync_and_close() {
-  FSDP_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", errno_text());
-  const int fd = fd_;
-  fd_ = -1;
+  FSDP_CHECK(::fsync(fd_.get()) == 0, "fsync of '", path_, "' failed: ", errno_text());
+  const int fd = fd_.release();  // closed here, where a failure (lost data) is reported
   FSDP_CHECK(::close(fd) == 0, "closing '", path_, "' failed: ", errno_text());
 }
 
 int64_t File::size() const {
   struct stat st {};
-  FSDP_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path_, "': ", errno_text());
+  FSDP_CHECK(::fstat(fd_.get(), &st) == 0, "cannot stat '", path_, "': ", errno_text());
   return static_cast<int64_t>(st.st_size);
 }
 
 void sync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+  const UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return;
+  // EINVAL: this file system does not fsync directories (nothing to make durable that way).
+  FSDP_CHECK(::fsync(fd.get()) == 0 || errno == EINVAL, "fsync of the directory '", dir,
+             "' failed: ", errno_text(), "; the files renamed into it may not survive a crash");
 }
 
 std::string parent_dir(const std::string& path) {

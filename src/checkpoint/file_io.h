@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "unique_fd.h"
+
 namespace fsdp::detail {
 
 // strerror(errno), read at the call.
@@ -19,9 +21,6 @@ std::string errno_text();
 class File {
  public:
   File(const std::string& path, int flags, mode_t mode = 0644);
-  ~File();
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
 
   void write(const void* data, int64_t n);
   // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").
@@ -34,10 +33,12 @@ class File {
 
  private:
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
-// fsync of a directory (best effort: makes renames in it durable).
+// fsync of a directory: makes renames in it durable. Throws fsdp::Error naming the directory if
+// the fsync fails; a directory that cannot be opened, or whose file system cannot fsync
+// directories (EINVAL), is skipped as before.
 void sync_dir(const std::string& dir);
 
 // The directory part of `path` ("." for a bare name).

@@ -57,7 +57,7 @@ using detail::open_full;
 using detail::make_writer;
 using detail::rename_into_place;
 
-void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
+void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
                             const ExportOptions& options) {
   Engine& e = *detail::engine_of(model);
   Runtime& rt = *e.runtime();
@@ -118,7 +118,7 @@ void export_full_checkpoint(FullyShardedModule& model, const std::string& file,
   rt.check_all_ok(what, err);
 }
 
-void import_full_checkpoint(FullyShardedModule& model, const std::string& file) {
+void import_full_checkpoint(ShardedModuleBase& model, const std::string& file) {
   Engine& e = *detail::engine_of(model);
   Runtime& rt = *e.runtime();
   std::vector<at::Tensor> shards;

@@ -31,7 +31,7 @@ using detail::optimizer_kind;
 using detail::OptimizerKind;
 using detail::ParamState;
 
-CheckpointInfo load_checkpoint(const std::string& path, FullyShardedModule& model,
+CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state,
                                const CheckpointOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();

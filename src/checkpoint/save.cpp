@@ -8,7 +8,7 @@
 namespace fsdp::detail {
 
 // 1. Validate (pure, every rank) and prepare the directory (rank 0). Store only.
-PendingSave prepare_save(const std::string& path, FullyShardedModule& model,
+PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
                          const torch::optim::Optimizer* optimizer, const TrainingState& state,
                          const CheckpointOptions& options) {
   PendingSave p;
@@ -242,7 +242,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
-CheckpointInfo save_checkpoint(const std::string& path, FullyShardedModule& model,
+CheckpointInfo save_checkpoint(const std::string& path, ShardedModuleBase& model,
                                const torch::optim::Optimizer* optimizer,
                                const TrainingState& state, const CheckpointOptions& options) {
   PendingSave p = prepare_save(path, model, optimizer, state, options);

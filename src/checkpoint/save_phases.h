@@ -32,7 +32,7 @@ struct PendingSave {
 
 // 1. Validates (every rank) and creates "<path>.partial" (rank 0); the layout, this rank's role
 // and its RNG state. Collective (store only).
-PendingSave prepare_save(const std::string& path, FullyShardedModule& model,
+PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
                          const torch::optim::Optimizer* optimizer, const TrainingState& state,
                          const CheckpointOptions& options);
 

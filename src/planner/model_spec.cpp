@@ -1,9 +1,8 @@
 // Model shapes for the planner: parameter counts per unit, FLOPs per token, activation memory
 // (see fsdp/planner.h).
-#include <algorithm>
-#include <cctype>
 
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 #include "fsdp/planner.h"
 
 namespace fsdp {
@@ -20,12 +19,13 @@ const char* to_string(Recompute r) {
 }
 
 Recompute parse_recompute(const std::string& text) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (t == "none" || t == "off") return Recompute::kNone;
-  if (t == "selective") return Recompute::kSelective;
-  if (t == "full" || t == "on") return Recompute::kFull;
-  throw Error(cat("activation recompute '", text, "' is unknown; use none, selective or full"));
+  return parse_enum<Recompute>(text,
+                               {{"none", Recompute::kNone},
+                                {"selective", Recompute::kSelective},
+                                {"full", Recompute::kFull},
+                                {"off", Recompute::kNone},
+                                {"on", Recompute::kFull}},
+                               "activation recompute");
 }
 
 void ModelSpec::validate() const {

@@ -154,7 +154,7 @@ void check_llmc_model_file(const std::string& flag, const std::string& path,
              ": the file has ", diff);
 }
 
-void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
+void init_from_llmc(fsdp::ShardedModuleBase& model, const ModelPreset& preset,
                     const std::string& path) {
   check_llmc_model_file("--init-from", path, preset);  // every rank: the file may have changed
   const LlmcModelHeader h = llmc_header_for(preset);
@@ -180,7 +180,7 @@ void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
   ::munmap(base, static_cast<size_t>(bytes));
 }
 
-void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net, const ModelPreset& preset,
+void export_llmc(fsdp::ShardedModuleBase& model, torch::nn::Module& net, const ModelPreset& preset,
                  const std::string& path) {
   const LlmcModelHeader h = llmc_header_for(preset);
   auto guard = model.summon_full_params();  // collective

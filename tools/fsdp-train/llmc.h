@@ -21,7 +21,7 @@ namespace torch::nn {
 class Module;
 }
 namespace fsdp {
-class FullyShardedModule;
+class ShardedModuleBase;
 }
 
 namespace fsdp_train {
@@ -62,12 +62,12 @@ void check_llmc_model_file(const std::string& flag, const std::string& path,
 
 // --init-from for llm.c files: every rank reads `path` into a full state dict under our names and
 // loads it into the sharded `model` (each rank keeps its shards). Collective.
-void init_from_llmc(fsdp::FullyShardedModule& model, const ModelPreset& preset,
+void init_from_llmc(fsdp::ShardedModuleBase& model, const ModelPreset& preset,
                     const std::string& path);
 
 // --export-llmc: gathers the full parameters (collective) and rank 0 writes `path` atomically
 // ("<path>.partial", then renamed). `net` is the module `model` shards.
-void export_llmc(fsdp::FullyShardedModule& model, torch::nn::Module& net, const ModelPreset& preset,
+void export_llmc(fsdp::ShardedModuleBase& model, torch::nn::Module& net, const ModelPreset& preset,
                  const std::string& path);
 
 }  // namespace fsdp_train

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 #include "fsdp/report.h"
 #include "llmc.h"
 #include "plot.h"
@@ -55,12 +56,6 @@ const std::vector<std::string>& default_corpus_files() {
 }
 
 namespace {
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 std::string preset_names() {
   std::string s;
@@ -242,7 +237,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
 
   bool found = false;
   for (const auto& m : model_presets()) {
-    if (m.name == lower(o.model)) {
+    if (m.name == fsdp::lower_ascii(o.model)) {
       p.preset = m;
       found = true;
     }
@@ -284,28 +279,23 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   FSDP_CHECK(std::isfinite(o.timeout) && o.timeout >= 0.001 && o.timeout <= 7 * 24 * 3600,
              "--timeout ", o.timeout, " is invalid; use seconds in [0.001, 604800], e.g. 300");
 
-  const std::string precision = lower(o.precision);
-  FSDP_CHECK(precision == "fp32" || precision == "bf16-mixed", "--precision '", o.precision,
-             "' is unknown; use fp32 or bf16-mixed");
-  p.bf16 = precision == "bf16-mixed";
+  p.bf16 = fsdp::parse_enum<bool>(o.precision, {{"fp32", false}, {"bf16-mixed", true}},
+                                  "--precision");
   FSDP_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, "--dropout ", o.dropout,
              " is invalid; use a probability in [0, 1), e.g. 0.1");
   p.preset.dropout = o.dropout;
   for (const auto& g : o.freeze) {
     FSDP_CHECK(!g.empty(), "--freeze '' is empty; give a glob of parameter names, e.g. 'tok_emb.*'");
   }
-  const std::string init = lower(o.init);
-  FSDP_CHECK(init == "deferred" || init == "eager", "--init '", o.init,
-             "' is unknown; use deferred or eager");
-  p.deferred_init = init == "deferred";
+  p.deferred_init =
+      fsdp::parse_enum<bool>(o.init, {{"deferred", true}, {"eager", false}}, "--init");
   try {
     p.heap = fsdp::parse_heap_policy(o.heap);
   } catch (const fsdp::Error& e) {
     throw fsdp::Error(cat("--heap: ", e.what()));
   }
-  const std::string prefetch = lower(o.prefetch);
-  FSDP_CHECK(prefetch == "on" || prefetch == "off", "--prefetch '", o.prefetch,
-             "' is unknown; use on or off");
+  const bool prefetch =
+      fsdp::parse_enum<bool>(o.prefetch, {{"on", true}, {"off", false}}, "--prefetch");
 
   // The library's parsers name the value and list the choices; prefix the flag.
   auto flag_error = [](const char* flag, const std::exception& e) {
@@ -329,7 +319,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
     }
   }
   if (p.bf16) p.strategy.mixed_precision(fsdp::MixedPrecision::bf16());
-  p.strategy.forward_prefetch(prefetch == "on").backward_prefetch(prefetch == "on");
+  p.strategy.forward_prefetch(prefetch).backward_prefetch(prefetch);
   if (o.activation_checkpointing) {
     p.strategy.activation_checkpointing(fsdp::CheckpointPolicy::all_units());  // the blocks
   }
@@ -367,9 +357,10 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   if (!o.plot.empty()) {
     check_output_path("--plot", o.plot);
     const std::string ext = ".png";
-    FSDP_CHECK(
-        o.plot.size() > ext.size() && lower(o.plot.substr(o.plot.size() - ext.size())) == ext,
-        "--plot '", o.plot, "' is not a .png file name; plots are PNG, e.g. --plot loss.png");
+    const bool png = o.plot.size() > ext.size() &&
+                     fsdp::lower_ascii(o.plot.substr(o.plot.size() - ext.size())) == ext;
+    FSDP_CHECK(png, "--plot '", o.plot,
+               "' is not a .png file name; plots are PNG, e.g. --plot loss.png");
     FSDP_CHECK(!fsdp_plot::find_gnuplot().empty(),
                "--plot needs gnuplot, which is not in PATH; install it "
                "(apt-get install gnuplot-nox, or make setup) or drop --plot");
@@ -397,7 +388,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              "add them or drop --requeue");
   if (!o.export_full.empty()) {
     check_output_path("--export-full", o.export_full);
-    const std::string e = lower(o.export_full);
+    const std::string e = fsdp::lower_ascii(o.export_full);
     auto ends = [&](const std::string& x) {
       return e.size() > x.size() && e.compare(e.size() - x.size(), x.size(), x) == 0;
     };
@@ -426,7 +417,8 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              " is invalid; use a small positive value, e.g. 1e-8");
   FSDP_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay ",
              o.weight_decay, " is invalid; use 0 or more");
-  const bool token_data = lower(o.data_format) == "llmc" || lower(o.data_format) == "nanogpt";
+  const std::string data_format = fsdp::lower_ascii(o.data_format);
+  const bool token_data = data_format == "llmc" || data_format == "nanogpt";
   if (!o.init_from.empty() && init_from_llmc_file(o.init_from)) {
     FSDP_CHECK(p.preset.gpt2, "--init-from reads llm.c's GPT-2 model files; add --model gpt2 "
                "(with the file's --layers, --d-model and --heads)");

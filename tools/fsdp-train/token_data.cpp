@@ -8,11 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 
 #include "fsdp/error.h"
+#include "fsdp/parse_enum.h"
 
 namespace fsdp_train {
 
@@ -33,14 +33,8 @@ const char* to_string(DataFormat f) {
 }
 
 DataFormat parse_data_format(const std::string& flag, const std::string& text) {
-  std::string s = text;
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (DataFormat f :
-       {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kNanoGPT, DataFormat::kLlmc}) {
-    if (s == to_string(f)) return f;
-  }
-  throw fsdp::Error(cat(flag, " '", text, "' is unknown; use auto, bytes, nanogpt or llmc"));
+  return fsdp::parse_enum(
+      text, {DataFormat::kAuto, DataFormat::kBytes, DataFormat::kNanoGPT, DataFormat::kLlmc}, flag);
 }
 
 namespace {
