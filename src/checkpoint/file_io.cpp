@@ -47,7 +47,7 @@ void File::read_at(void* data, int64_t n, int64_t offset) const {
 }
 
 void File::prefetch(int64_t offset, int64_t n) const {
-  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+  (void)::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
 }
 
 void File::sync_and_close() {
