@@ -8,6 +8,7 @@
 
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/async_checkpoint.h"
+#include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"
@@ -17,7 +18,9 @@
 #include "fsdp/memory.h"
 #include "fsdp/mesh.h"
 #include "fsdp/planner.h"
+#include "fsdp/process.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
+#include "fsdp/runtime_options.h"
 #include "fsdp/sharded.h"
 #include "fsdp/strategy.h"

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "fsdp/activation_checkpoint.h"
+#include "fsdp/runtime.h"
 #include "fsdp/strategy.h"
 #include "fsdp/unit_info.h"
 

@@ -25,8 +25,8 @@
 #include <typeinfo>
 #include <vector>
 
+#include "fsdp/backend.h"
 #include "fsdp/mesh.h"
-#include "fsdp/runtime.h"
 
 namespace torch::nn {
 class Module;
