@@ -31,7 +31,7 @@ LAYERS = [
      ["include/fsdp/cluster.h", "src/cluster.cpp"]),
     ("runtime", "the process, the rendezvous, the groups and their collectives, the mesh",
      ["include/fsdp/mesh.h", "src/mesh.cpp", "include/fsdp/backend.h", "src/backend.cpp", "include/fsdp/process.h", "src/process*",
-      "include/fsdp/runtime*.h", "src/runtime*", "src/rendezvous.cpp",
+      "include/fsdp/runtime*.h", "src/runtime*", "src/rendezvous.*",
       "include/fsdp/collectives.h", "src/collectives.cpp", "src/c10d_group.*",
       "src/collective_check.*"]),
     ("engine", "sharding a model: strategy, units, the gather/reduce engine, deferred "

@@ -62,8 +62,8 @@ class MemoryTracker {
 };
 
 // The runtime fsdp::shard and DeferredInit use: `runtime`, checked against the strategy's
-// backend, or a new one from the environment (Runtime::init) with the strategy's backend and
-// timeout.
+// backend, or a new one from the environment (Runtime::init) with the strategy's runtime
+// options (FSDPStrategy::runtime).
 std::shared_ptr<Runtime> runtime_for(const FSDPStrategy& strategy, std::shared_ptr<Runtime> runtime);
 
 // "(root)" for the root unit's empty path.

@@ -1,6 +1,7 @@
 // runtime_internal.h (internal): building a Runtime on a store the caller already has (tests run
 // several ranks as threads of one process over a shared c10d::HashStore), and the backend and GPU
-// rules of Runtime::init as pure functions, so that a machine without a GPU tests them.
+// rules of Runtime::init as pure functions, so that a machine without a GPU tests them. Includes
+// process_setup.h (QuietGlog), which Runtime::init uses around its store connection.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "fsdp/runtime.h"
+#include "process_setup.h"
 
 namespace fsdp::detail {
 
@@ -28,20 +30,5 @@ BackendChoice choose_backend(Backend requested, bool cuda_built, int64_t visible
 // fsdp::Error unless this node's `local_world_size` ranks fit on its `visible_gpus`. With one GPU
 // per local rank no mesh can put two ranks on one GPU.
 void check_one_gpu_per_rank(int64_t local_rank, int64_t local_world_size, int64_t visible_gpus);
-
-// c10d logs every retry of a failing connection through glog (a line a second, after a "Logging
-// before InitGoogleLogging" banner), and the error we throw already carries the reason: glog
-// stays quiet (FATAL only) while any QuietGlog lives. Scopes may overlap across threads: the
-// level in effect before the first is restored when the last ends (NOTE [quiet glog] in
-// runtime.cpp). A no-op where libtorch does not log via glog.
-class QuietGlog {
- public:
-  QuietGlog();
-  ~QuietGlog();
-  QuietGlog(const QuietGlog&) = delete;
-  QuietGlog& operator=(const QuietGlog&) = delete;
-};
-// glog's FLAGS_minloglevel in this process, or nullptr where libtorch does not use glog.
-int* glog_min_level();
 
 }  // namespace fsdp::detail

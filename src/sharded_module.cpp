@@ -8,12 +8,7 @@ namespace fsdp {
 
 std::shared_ptr<Runtime> detail::runtime_for(const FSDPStrategy& strategy,
                                              std::shared_ptr<Runtime> runtime) {
-  if (!runtime) {
-    RuntimeOptions opts;
-    opts.backend = strategy.backend();
-    opts.timeout = strategy.timeout();
-    return Runtime::init(opts);
-  }
+  if (!runtime) return Runtime::init(strategy.runtime());
   FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
              "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
              to_string(runtime->backend()), "; set one of them");

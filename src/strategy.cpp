@@ -119,7 +119,7 @@ FSDPStrategy& FSDPStrategy::device_mesh(std::shared_ptr<DeviceMesh> mesh) {
 std::string FSDPStrategy::describe() const {
   return detail::cat("strategy=", to_string(sharding_strategy_),
                      " mesh=", mesh_shape_.empty() ? "default" : MeshLayout::shape_string(mesh_shape_),
-                     " backend=", to_string(backend_), " timeout_ms=", timeout_.count(),
+                     " backend=", to_string(runtime_.backend), " timeout_ms=", runtime_.timeout.count(),
                      " precision=", mixed_precision_.describe(),
                      " wrap=", auto_wrap_policy_.name(),
                      " prefetch=", forward_prefetch_ ? "f" : "-", backward_prefetch_ ? "b" : "-",

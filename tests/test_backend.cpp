@@ -1,7 +1,9 @@
 // Which backend a rank gets, why, and the one-line errors of the GPU rules (runtime_internal.h):
 // nccl on a CPU-only libtorch or without a GPU, more ranks on a node than visible GPUs. Runs on
 // every build: the rules are pure functions, and the Runtime part checks this machine's answer.
-// Also the heap policy (set_heap_policy) every Runtime applies.
+// Also the heap policy (set_heap_policy) every Runtime applies, and configure_process, which
+// applies it and the thread count.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -171,6 +173,25 @@ TEST(Heap, RetainKeepsFreedBuffersInTheHeap) {
   } else {
     expect_retained();
   }
+}
+
+// configure_process applies the thread count and the heap policy together and says what took
+// effect; 0 threads leaves the pools alone; a negative count is refused before anything changes.
+TEST(Process, ConfigureProcessAppliesThreadsAndHeap) {
+  const int before = at::get_num_threads();
+  ProcessOptions options;
+  options.threads = 2;
+  options.heap = HeapPolicy::kUnchanged;
+  ProcessSetup setup = configure_process(options);
+  EXPECT_EQ(setup.threads, 2);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  EXPECT_TRUE(setup.heap_applied);
+  options.threads = 0;
+  EXPECT_EQ(configure_process(options).threads, 2);
+  options.threads = -1;
+  expect_one_line_with(error_of([&] { configure_process(options); }), "threads -1 is invalid");
+  EXPECT_EQ(at::get_num_threads(), 2);
+  set_threads(before);
 }
 
 }  // namespace

@@ -188,6 +188,26 @@ TEST(ParseEnum, OneRuleForEveryChoiceOfTheLibrary) {
             "HYBRID_SHARD or HYBRID_SHARD_ZERO2");
 }
 
+// The strategy's backend and timeout are shorthands for its runtime options (one definition of
+// each setting, in RuntimeOptions): the defaults are RuntimeOptions's, and a setter changes only
+// its field of runtime().
+TEST(Strategy, BackendAndTimeoutAreItsRuntimeOptions) {
+  const RuntimeOptions defaults;
+  FSDPStrategy s;
+  EXPECT_EQ(s.backend(), defaults.backend);
+  EXPECT_EQ(s.timeout(), defaults.timeout);
+  RuntimeOptions ro;
+  ro.threads = 3;
+  ro.heap = HeapPolicy::kLean;
+  s.runtime(ro).backend(Backend::kGloo).timeout(std::chrono::seconds(20));
+  EXPECT_EQ(s.runtime().backend, Backend::kGloo);
+  EXPECT_EQ(s.runtime().timeout, std::chrono::seconds(20));
+  EXPECT_EQ(s.runtime().threads, 3);
+  EXPECT_EQ(s.runtime().heap, HeapPolicy::kLean);
+  EXPECT_NE(s.describe().find(" backend=gloo timeout_ms=20000 "), std::string::npos)
+      << s.describe();
+}
+
 TEST(Strategy, PlansResolveEveryStrategyToAMesh) {
   auto plan = [](const FSDPStrategy& s, int64_t W, int64_t local) {
     return plan_sharding(s, W, local);

@@ -8,6 +8,7 @@
 
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/async_checkpoint.h"
+#include "fsdp/backend.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"
@@ -18,7 +19,9 @@
 #include "fsdp/mesh.h"
 #include "fsdp/parse_enum.h"
 #include "fsdp/planner.h"
+#include "fsdp/process.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
+#include "fsdp/runtime_options.h"
 #include "fsdp/sharded.h"
 #include "fsdp/strategy.h"

@@ -1,9 +1,13 @@
 // fsdp/runtime.h: this process's membership in the job: rendezvous, process groups, threads.
 //
-// Runtime::init() reads the launcher's environment (cluster.h), sets this rank's intra-op threads,
-// meets the other ranks through a c10d TCPStore hosted by rank 0 and creates the world group
-// (Gloo on CPU, NCCL on CUDA). Several runtimes can coexist (tests run ranks as threads); nothing
-// here is process-global except libtorch's own thread-pool size.
+// Runtime::init() reads the launcher's environment (cluster.h), sets this rank's intra-op threads
+// and heap policy (configure_process), meets the other ranks through a c10d TCPStore hosted by
+// rank 0 and creates the world group (Gloo on CPU, NCCL on CUDA). Several runtimes can coexist
+// (tests run ranks as threads): a runtime's store, groups and counters are its own. What init
+// changes in the whole process is exactly what fsdp/process.h lists (NOTE [process-global
+// state]): the intra-op thread pools' size, glibc malloc's heap policy, and glog's level while
+// the rank connects to the store; with NCCL it also makes the rank's GPU the calling thread's
+// current CUDA device.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -14,69 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/backend.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"
+#include "fsdp/process.h"
+#include "fsdp/runtime_options.h"
 
 namespace fsdp {
-
-enum class Backend {
-  kAuto,  // nccl when this libtorch has CUDA and a GPU is visible, else gloo
-  kGloo,  // CPU tensors
-  kNccl,  // CUDA tensors, one GPU per local rank (cuda:<LOCAL_RANK>); more local ranks than
-          // visible GPUs is an error
-};
-const char* to_string(Backend b);
-Backend parse_backend(const std::string& text);  // "auto" | "gloo" | "nccl", any case
-
-// What glibc's malloc does with memory a training step frees (NOTE [CPU heap] in runtime.cpp).
-enum class HeapPolicy {
-  // Keep freed memory for the next step: every buffer comes from the heap (none gets a mapping
-  // of its own), and up to 1 GiB of free heap is kept rather than returned to the system
-  // (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_MMAP_MAX). A step then reuses the pages of the one before instead of faulting them in
-  // again: measured 15% less time per step for the small GPT on one CPU rank (minor page faults
-  // fell from ~37,600 to ~100 per step), about 5% more peak RSS.
-  kRetain,
-  // Keep as little freed memory as possible: blocks of 128 KiB or more get mappings of their
-  // own, unmapped when freed, and the heap top is trimmed past 256 KiB free. The smallest peak
-  // RSS (no fragmentation by large blocks), at the cost of page faults for large activations
-  // each step: for the largest model that fits a memory cap.
-  kLean,
-  // Leave the allocator's settings as they are (glibc: trims the heap whenever the free memory
-  // at its top exceeds a threshold it adapts itself, often after every step).
-  kUnchanged,
-};
-// kRetain's settings: the largest block served from the heap (glibc's maximum, HEAP_MAX_SIZE / 2
-// on 64-bit), the free heap kept before glibc returns memory to the system, and no mmapped
-// blocks at all (M_MMAP_MAX 0): a block over the threshold comes from the heap too, instead of a
-// mapping of its own that is faulted in and unmapped every step (GPT-2 124M on CPU: minor page
-// faults per step 265,600 -> 36).
-constexpr int kRetainMmapThreshold = 32 << 20;
-constexpr int kRetainTrimThreshold = 1 << 30;
-constexpr int kRetainMmapMax = 0;
-// kLean's settings (M_MMAP_MAX back to glibc's default, 65536 mappings).
-constexpr int kLeanMmapThreshold = 128 << 10;
-constexpr int kLeanTrimThreshold = 256 << 10;
-constexpr int kLeanMmapMax = 65536;
-const char* to_string(HeapPolicy p);  // "retain" | "lean" | "unchanged"
-HeapPolicy parse_heap_policy(const std::string& text);  // any case; fsdp::Error lists the choices
-// Applies `policy` to this process's allocator. Returns false where the allocator ignores these
-// settings (not glibc, or a sanitizer's allocator), true otherwise (kUnchanged: always true).
-bool set_heap_policy(HeapPolicy policy);
-
-struct RuntimeOptions {
-  // Collective backend. Default kAuto.
-  Backend backend = Backend::kAuto;
-  // Rendezvous and collective timeout: a rank that waits longer for its peers fails with an
-  // error naming what it waited for, instead of hanging. Default 5 minutes.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Intra-op threads of this rank. 0 (default): OMP_NUM_THREADS if set (the launcher sets it),
-  // else max(1, cores / local world size).
-  int64_t threads = 0;
-  // How all-gather and reduce-scatter run (see collectives.h). Default kAuto.
-  CollectiveAlgorithm algorithm = CollectiveAlgorithm::kAuto;
-  // Applied by init() to the whole process (set_heap_policy). Default kRetain.
-  HeapPolicy heap = HeapPolicy::kRetain;
-};
 
 class Runtime {
  public:
@@ -134,8 +82,5 @@ class Runtime {
   std::unique_ptr<Impl> impl_;
   friend struct RuntimeFactory;
 };
-
-// Sets libtorch's and OpenBLAS's intra-op threads of this process.
-void set_threads(int64_t threads);
 
 }  // namespace fsdp

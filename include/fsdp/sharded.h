@@ -51,6 +51,7 @@
 #include "fsdp/detail/engine_calls.h"
 #include "fsdp/detail/root_forward_scope.h"
 #include "fsdp/detail/unit_impl.h"
+#include "fsdp/runtime.h"
 #include "fsdp/strategy.h"
 #include "fsdp/unit_info.h"
 

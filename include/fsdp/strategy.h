@@ -25,8 +25,9 @@
 #include <typeinfo>
 #include <vector>
 
+#include "fsdp/backend.h"
 #include "fsdp/mesh.h"
-#include "fsdp/runtime.h"
+#include "fsdp/runtime_options.h"
 
 namespace torch::nn {
 class Module;
@@ -176,10 +177,11 @@ class FSDPStrategy {
 
   // FULL_SHARD (default), SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2.
   FSDP_OPTION(ShardingStrategy, sharding_strategy, ShardingStrategy::kFullShard)
-  // Collective backend and timeout, used when fsdp::shard() creates the Runtime. Default auto
-  // (NCCL with CUDA, else Gloo) and 5 minutes.
-  FSDP_OPTION(Backend, backend, Backend::kAuto)
-  FSDP_OPTION(std::chrono::milliseconds, timeout, std::chrono::minutes(5))
+  // The options of the Runtime fsdp::shard() (and DeferredInit) create when given none: backend,
+  // timeout, threads, collective algorithm, heap policy, each with the default RuntimeOptions
+  // gives it (fsdp/runtime_options.h: the one definition of them). Given a runtime, shard()
+  // uses it as it is, except that a backend other than kAuto must be the runtime's.
+  FSDP_OPTION(RuntimeOptions, runtime, RuntimeOptions{})
   // Compute in bf16/fp16 with fp32 master shards. Default: fp32 throughout.
   FSDP_OPTION(MixedPrecision, mixed_precision, MixedPrecision{})
   // Which modules become units. Default WrapPolicy::units().
@@ -207,6 +209,18 @@ class FSDPStrategy {
 
  public:
   FSDPStrategy() = default;
+  // Shorthands for runtime().backend and runtime().timeout (RuntimeOptions says what they do;
+  // default kAuto and 5 minutes): setting one changes only that field of runtime().
+  FSDPStrategy& backend(Backend backend) {
+    runtime_.backend = backend;
+    return *this;
+  }
+  Backend backend() const { return runtime_.backend; }
+  FSDPStrategy& timeout(std::chrono::milliseconds timeout) {
+    runtime_.timeout = timeout;
+    return *this;
+  }
+  std::chrono::milliseconds timeout() const { return runtime_.timeout; }
   // Accepts "full_shard", "HYBRID-SHARD", ...; throws fsdp::Error listing the choices.
   FSDPStrategy& sharding_strategy(const std::string& name);
   FSDPStrategy& sharding_strategy(const char* name) { return sharding_strategy(std::string(name)); }
