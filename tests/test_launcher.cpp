@@ -656,40 +656,6 @@ TEST(Launcher, RanksStillSeeATerminal) {
 }
 
 namespace {
-// This process's open descriptors.
-int64_t open_fds() {
-  int64_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
-  return n;
-}
-}  // namespace
-
-// RankOutput opens two descriptors per rank; when one rank's cannot be opened (here: the
-// descriptor limit) the constructor throws, and what it opened for the ranks before is closed.
-TEST(Launcher, RankOutputClosesWhatItOpenedWhenItThrows) {
-  rlimit old{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
-  int highest = 2;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    highest = std::max(highest, std::stoi(e.path().filename().string()));
-  }
-  const int64_t before = open_fds();
-  rlimit low = old;
-  low.rlim_cur = static_cast<rlim_t>(highest + 1 + 5);  // room for about two ranks, not 16
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::string error;
-  try {
-    fsdp::detail::RankOutput out(std::vector<int64_t>(16, 0), 0ms);
-  } catch (const fsdp::Error& e) {
-    error = e.what();
-  }
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
-  EXPECT_NE(error.find("could not create the output channel of rank"), std::string::npos)
-      << error;
-  EXPECT_EQ(open_fds(), before);
-}
-
-namespace {
 
 // supervise() runs inside programs that link fsdp, which may have children of their own: it
 // must reap only its ranks (issue 21: it reaped with waitpid(-1), taking the program's child's
