@@ -47,6 +47,18 @@ void step(ShardedModule<NetImpl>& model, torch::optim::Optimizer& opt, Runtime& 
   opt.step();
 }
 
+// Removes `dir` while background writers may still create files in it: remove_all fails with
+// "Directory not empty" when a file appears during the removal; once the directory is gone no
+// writer can create one (they never create directories), so a few retries end it.
+void remove_under_writers(const std::string& dir) {
+  std::error_code ec;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fs::remove_all(dir, ec);
+    if (!ec && !fs::exists(dir)) return;
+  }
+  FAIL() << "cannot remove '" << dir << "': " << ec.message();
+}
+
 std::string bytes_of(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   std::ostringstream s;
@@ -139,7 +151,7 @@ TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
     step(model, opt, rt, 1);
     saver.save(checkpoint_path(dir, 2), model, &opt, {2});
     rt.check_all_ok("test", "");  // every rank has staged and started writing
-    if (rt.rank() == 0) fs::remove_all(checkpoint_path(dir, 2) + ".partial");
+    if (rt.rank() == 0) remove_under_writers(checkpoint_path(dir, 2) + ".partial");
     rt.check_all_ok("test", "");
     try {
       saver.wait();
