@@ -62,11 +62,8 @@ const CLI::Validator& decimal_int64() {
   return v;
 }
 
-}  // namespace
-
-void add_flags(CLI::App& app, TrainOptions& o) {
-  // A flag given twice takes its last value, so a script can append overrides.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// --help's "Launch" group: where the ranks run and how the job is started.
+void add_launch_flags(CLI::App& app, TrainOptions& o) {
   const char* launch = "Launch";
   app.add_option("--devices", o.launch.nproc_per_node, "ranks (processes) to start on this node")->group(launch);
   app.add_option("--num-nodes", o.launch.num_nodes, "nodes in the job; world size = devices x num-nodes")
@@ -80,7 +77,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--max-restarts", o.launch.max_restarts,
                  "with --devices: when a rank fails, restart every rank up to N times")
       ->group(launch);
+}
 
+// --help's "Sharding" group: strategy, mesh, precision and the engine's switches.
+void add_sharding_flags(CLI::App& app, TrainOptions& o) {
   const char* sharding = "Sharding";
   app.add_option("--strategy", o.strategy,
                  "full_shard | shard_grad_op | no_shard | hybrid_shard | hybrid_shard_zero2 "
@@ -111,7 +111,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "through the rendezvous store; ranks that differ fail naming the first rank and "
                "unit that differ, instead of hanging or exchanging the wrong data (slower)")
       ->group(sharding);
+}
 
+// --help's "Model and data" group: the GPT's shape and initialisation, the training and
+// validation data.
+void add_model_data_flags(CLI::App& app, TrainOptions& o) {
   const char* model = "Model and data";
   app.add_option("--model", o.model, preset_help())->group(model);
   app.add_option("--layers", o.layers, "blocks, overriding the preset's; 0 = the preset's")
@@ -170,7 +174,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--eval-batches", o.eval_batches,
                  "with --val-data: windows of global-batch x seq-len + 1 tokens per validation")
       ->group(model);
+}
 
+// --help's "Optimisation" group: steps, batch, learning rate and AdamW.
+void add_optimisation_flags(CLI::App& app, TrainOptions& o) {
   const char* optim = "Optimisation";
   app.add_option("--steps", o.steps, "optimizer steps")->group(optim);
   app.add_option("--global-batch", o.global_batch,
@@ -201,7 +208,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "seeds model init and batch sampling: the same seed gives the same batches and "
                  "loss curve on any mesh and strategy")
       ->group(optim);
+}
 
+// --help's "Runtime" group: threads, timeouts and the heap.
+void add_runtime_flags(CLI::App& app, TrainOptions& o) {
   const char* runtime = "Runtime";
   app.add_option("--threads", o.launch.threads,
                  "intra-op threads per rank; 0 = OMP_NUM_THREADS if set, else cores / devices")
@@ -214,7 +224,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "lean: glibc returns freed memory (least peak RSS; page faults each step) | "
                  "unchanged: leave malloc's settings alone (README \"The CPU heap\")")
       ->group(runtime);
+}
 
+// --help's "Checkpoints and sampling" group: saving, resuming, preemption, exports and --sample.
+void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   const char* ckpt = "Checkpoints and sampling";
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "write sharded checkpoints (model, AdamW state, step, data position, RNG) into "
@@ -279,7 +292,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--temperature", o.temperature,
                  "with --sample: softmax temperature; 0 = always the most likely byte")
       ->group(ckpt);
+}
 
+// --help's "Output" group: metrics, plots and the reports that start nothing.
+void add_output_flags(CLI::App& app, TrainOptions& o) {
   const char* output = "Output";
   app.add_option("--metrics", o.metrics,
                  "write JSON Lines from rank 0, one object per optimizer step: step, loss (mean "
@@ -303,14 +319,33 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--json", o.json, "with --dry-run or --plan: print one JSON object")
       ->group(output);
   app.add_flag("--quiet", o.quiet, "no progress output (banner and summary stay)")->group(output);
+}
 
-  // Every option shows its default in --help, taken from TrainOptions above.
+// Every option shows its default in --help, taken from TrainOptions; integer options take
+// decimals only (decimal_int64).
+void finish_flags(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_expected_min() > 0) opt->capture_default_str();
     // Integer options: CLI11's "INT", or "N" where a flag names its count.
     const std::string type = opt->get_type_name();
     if (type == "INT" || type == "N") opt->transform(decimal_int64());
   }
+}
+
+}  // namespace
+
+void add_flags(CLI::App& app, TrainOptions& o) {
+  // A flag given twice takes its last value, so a script can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // The groups in --help's order: a group is listed where its first flag is declared.
+  add_launch_flags(app, o);
+  add_sharding_flags(app, o);
+  add_model_data_flags(app, o);
+  add_optimisation_flags(app, o);
+  add_runtime_flags(app, o);
+  add_checkpoint_flags(app, o);
+  add_output_flags(app, o);
+  finish_flags(app);
 }
 
 }  // namespace fsdp_train

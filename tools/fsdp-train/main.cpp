@@ -44,6 +44,69 @@ int fail(int code, const std::string& message, const std::string& where = "") {
   return code;
 }
 
+// A launcher started us: the world comes from it; the launch flags the user gave must agree.
+fsdp::ClusterEnv rank_environment(const CLI::App& app, const fsdp::LaunchOptions& launch,
+                                  const fsdp::ClusterEnv& env) {
+  fsdp::GivenLaunchOptions given;
+  if (app.count("--devices")) given.devices = launch.nproc_per_node;
+  if (app.count("--num-nodes")) given.num_nodes = launch.num_nodes;
+  if (app.count("--node-rank")) given.node_rank = launch.node_rank;
+  if (app.count("--master-addr")) given.master_addr = launch.master_addr;
+  if (app.count("--master-port")) given.master_port = launch.master_port;
+  if (app.count("--max-restarts")) given.max_restarts = launch.max_restarts;
+  fsdp::check_matches_environment(given, env);
+  return fsdp::apply_master_flags(given, env);  // e.g. --master-port under srun
+}
+
+// Usage errors: everything is checked here, before any process or thread starts. Returns the
+// plan and sets `env` to where this process sits; throws fsdp::Error naming the bad flag.
+fsdp_train::TrainPlan check_usage(const CLI::App& app, const fsdp_train::TrainOptions& o,
+                                  fsdp::ClusterEnv* env) {
+  const fsdp::LaunchOptions& launch = o.launch;
+  fsdp_train::TrainPlan plan;
+  *env = fsdp::detect_cluster(fsdp::current_environment());
+  const bool is_rank = env->kind != fsdp::ClusterKind::kSingle && !o.dry_run && !o.plan;
+  if (is_rank) {
+    *env = rank_environment(app, launch, *env);
+    plan = fsdp_train::check_options(o, env->world_size, env->local_world_size);
+  } else {
+    if ((o.dry_run || o.plan) && launch.num_nodes > 1) {
+      // A dry run starts nothing, so a multi-node plan needs no --master-port: check the
+      // node flags here and the rest as for one node.
+      FSDP_CHECK(launch.node_rank >= 0 && launch.node_rank < launch.num_nodes, "--node-rank ",
+                 launch.node_rank, " is outside 0..", launch.num_nodes - 1, " for --num-nodes ",
+                 launch.num_nodes);
+      fsdp::LaunchOptions one_node = launch;
+      one_node.num_nodes = 1;
+      one_node.node_rank = 0;
+      fsdp::validate(one_node);
+    } else {
+      fsdp::validate(launch);
+    }
+    plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
+                                     launch.nproc_per_node);
+  }
+  fsdp_train::check_freeze(o.freeze, plan.preset);
+  return plan;
+}
+
+// This process as one rank of the job: trains, and turns a failure into one line naming the rank.
+int train(const fsdp_train::TrainOptions& o, const fsdp_train::TrainPlan& plan,
+          const fsdp::ClusterEnv& env) {
+  try {
+    return fsdp_train::run_training(o, plan);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    // Name the rank, unless the message already starts with it.
+    const std::string message = fsdp::error_message(e);
+    const std::string where = env.world_size > 1 && message.rfind("rank ", 0) != 0
+                                  ? fsdp::cat("rank ", env.rank, ": ")
+                                  : std::string();
+    if (env.rank == 0 && !o.quiet && ::isatty(2)) std::cerr << "\n";  // leave the progress bar
+    return fail(1, message, where);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,43 +134,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Usage errors: everything is checked here, before any process or thread starts.
   fsdp::ClusterEnv env;
-  const fsdp::LaunchOptions& launch = o.launch;
   fsdp_train::TrainPlan plan;
   try {
-    env = fsdp::detect_cluster(fsdp::current_environment());
-    const bool is_rank = env.kind != fsdp::ClusterKind::kSingle && !o.dry_run && !o.plan;
-    if (is_rank) {
-      // A launcher started us: the world comes from it; flags the user gave must agree with it.
-      fsdp::GivenLaunchOptions given;
-      if (app.count("--devices")) given.devices = launch.nproc_per_node;
-      if (app.count("--num-nodes")) given.num_nodes = launch.num_nodes;
-      if (app.count("--node-rank")) given.node_rank = launch.node_rank;
-      if (app.count("--master-addr")) given.master_addr = launch.master_addr;
-      if (app.count("--master-port")) given.master_port = launch.master_port;
-      if (app.count("--max-restarts")) given.max_restarts = launch.max_restarts;
-      fsdp::check_matches_environment(given, env);
-      env = fsdp::apply_master_flags(given, env);  // e.g. --master-port under srun
-      plan = fsdp_train::check_options(o, env.world_size, env.local_world_size);
-    } else {
-      if ((o.dry_run || o.plan) && launch.num_nodes > 1) {
-        // A dry run starts nothing, so a multi-node plan needs no --master-port: check the
-        // node flags here and the rest as for one node.
-        FSDP_CHECK(launch.node_rank >= 0 && launch.node_rank < launch.num_nodes, "--node-rank ",
-                   launch.node_rank, " is outside 0..", launch.num_nodes - 1, " for --num-nodes ",
-                   launch.num_nodes);
-        fsdp::LaunchOptions one_node = launch;
-        one_node.num_nodes = 1;
-        one_node.node_rank = 0;
-        fsdp::validate(one_node);
-      } else {
-        fsdp::validate(launch);
-      }
-      plan = fsdp_train::check_options(o, launch.nproc_per_node * launch.num_nodes,
-                                       launch.nproc_per_node);
-    }
-    fsdp_train::check_freeze(o.freeze, plan.preset);
+    plan = check_usage(app, o, &env);
   } catch (const std::exception& e) {
     return fail(2, fsdp::error_message(e));
   }
@@ -123,21 +153,10 @@ int main(int argc, char** argv) {
     if (o.plan) return fsdp_train::run_plan(o, plan);
     if (env.kind == fsdp::ClusterKind::kSingle) {
       // Supervisor of a multi-process job, or nullopt for a one-process job.
-      if (std::optional<int> code = fsdp::launch_self(argc, argv, launch)) return *code;
+      if (std::optional<int> code = fsdp::launch_self(argc, argv, o.launch)) return *code;
     }
   } catch (const std::exception& e) {
     return fail(1, fsdp::error_message(e));
   }
-  try {
-    return fsdp_train::run_training(o, plan);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    // Name the rank, unless the message already starts with it.
-    const std::string message = fsdp::error_message(e);
-    const std::string where = env.world_size > 1 && message.rfind("rank ", 0) != 0
-                                  ? fsdp::cat("rank ", env.rank, ": ")
-                                  : std::string();
-    if (env.rank == 0 && !o.quiet && ::isatty(2)) std::cerr << "\n";  // leave the progress bar
-    return fail(1, message, where);
-  }
+  return train(o, plan, env);
 }

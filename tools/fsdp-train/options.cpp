@@ -16,6 +16,8 @@
 #include <limits>
 #include <numeric>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 
 #include "fsdp/error.h"
@@ -41,11 +43,6 @@ const std::vector<ModelPreset>& model_presets() {
 
 const char* const kCorpusDir = "/usr/share/common-licenses";
 
-namespace {
-// More intra-op threads than this per rank is a typo, not a machine.
-constexpr int64_t kMaxThreads = 4096;
-}  // namespace
-
 const std::vector<std::string>& default_corpus_files() {
   // Checked byte-identical in Debian 12 (bookworm) and 13 (trixie); GPL-2, LGPL-2.1 and others
   // changed between them (the FSF's address), so they are left out. About 125 KiB in all.
@@ -56,6 +53,9 @@ const std::vector<std::string>& default_corpus_files() {
 }
 
 namespace {
+
+// More layers, width or intra-op threads per rank than these is a typo, not a machine.
+constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxThreads = 4096;
 
 std::string preset_names() {
   std::string s;
@@ -204,6 +204,51 @@ void resolve_data(const TrainOptions& o, TrainPlan& p) {
   }
 }
 
+// An integer flag's range: the check_options error is "<flag> <value> is invalid; use <fix>".
+struct IntRange {
+  const char* flag;
+  std::function<int64_t(const TrainOptions&)> value;  // a member pointer or a getter
+  int64_t min;
+  std::optional<int64_t> max;  // nullopt: no upper bound
+  std::string fix;
+};
+
+// Every integer flag with a fixed range, in the order they are checked (the first one out of
+// range is the error). --seq-len is checked against the model's context in check_options.
+const std::vector<IntRange>& int_ranges() {
+  constexpr auto kNone = std::nullopt;
+  static const std::vector<IntRange> ranges = {
+      {"--layers", &TrainOptions::layers, 0, kMaxLayers,
+       cat("1 to ", kMaxLayers, " (0 = the preset's)")},
+      {"--d-model", &TrainOptions::d_model, 0, kMaxWidth,
+       cat("1 to ", kMaxWidth, " (0 = the preset's)")},
+      {"--heads", &TrainOptions::heads, 0, kMaxWidth,
+       cat("1 to ", kMaxWidth, " (0 = the preset's)")},
+      {"--steps", &TrainOptions::steps, 1, kNone, "1 or more"},
+      {"--global-batch", &TrainOptions::global_batch, 1, kNone, "1 or more"},
+      {"--grad-accum", &TrainOptions::grad_accum, 1, kNone, "1 or more"},
+      {"--warmup-steps", &TrainOptions::warmup_steps, 0, kNone, "0 or more"},
+      {"--seed", &TrainOptions::seed, 0, kNone, "0 or more"},
+      {"--threads", [](const TrainOptions& o) { return o.launch.threads; }, 0, kMaxThreads,
+       cat("1 to ", kMaxThreads, " (0 = auto)")},
+      {"--checkpoint-every", &TrainOptions::checkpoint_every, 0, kNone,
+       "0 (only at the end) or more"},
+      {"--keep-last", &TrainOptions::keep_last, 0, kNone, "0 (keep all) or more"},
+      {"--sample", &TrainOptions::sample, 0, 1000000, "0 (none) to 1000000 bytes"},
+      {"--eval-every", &TrainOptions::eval_every, 0, kNone, "0 (step 0 and the end only) or more"},
+      {"--eval-batches", &TrainOptions::eval_batches, 1, kNone, "1 or more"},
+  };
+  return ranges;
+}
+
+// Throws fsdp::Error for the first flag of int_ranges() outside its range.
+void check_int_ranges(const TrainOptions& o) {
+  for (const IntRange& r : int_ranges()) {
+    const int64_t v = r.value(o);
+    FSDP_CHECK(v >= r.min && (!r.max || v <= *r.max), r.flag, " ", v, " is invalid; use ", r.fix);
+  }
+}
+
 // A batch that cannot fit would allocate until the machine swaps or the allocator gives up, in
 // the ranks, long after starting: bound it here by a lower estimate of what one micro-step
 // needs per rank against this node's memory shared by its ranks.
@@ -228,57 +273,52 @@ void check_batch_fits(const TrainOptions& o, const TrainPlan& p) {
              "; use a smaller --global-batch, or a larger --grad-accum");
 }
 
-}  // namespace
-
-TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local_world_size) {
-  TrainPlan p;
-  p.world_size = world_size;
-  p.local_world_size = local_world_size;
-
+// --model: the preset it names.
+ModelPreset find_preset(const TrainOptions& o) {
+  ModelPreset preset;
   bool found = false;
   for (const auto& m : model_presets()) {
     if (m.name == fsdp::lower_ascii(o.model)) {
-      p.preset = m;
+      preset = m;
       found = true;
     }
   }
   FSDP_CHECK(found, "--model '", o.model, "' is not a preset; use ", preset_names());
-  // An explicit shape: the preset's context (the longest --seq-len) stays.
-  constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 16;
-  FSDP_CHECK(o.layers >= 0 && o.layers <= kMaxLayers, "--layers ", o.layers,
-             " is invalid; use 1 to ", kMaxLayers, " (0 = the preset's)");
-  FSDP_CHECK(o.d_model >= 0 && o.d_model <= kMaxWidth, "--d-model ", o.d_model,
-             " is invalid; use 1 to ", kMaxWidth, " (0 = the preset's)");
-  FSDP_CHECK(o.heads >= 0 && o.heads <= kMaxWidth, "--heads ", o.heads, " is invalid; use 1 to ",
-             kMaxWidth, " (0 = the preset's)");
+  return preset;
+}
+
+// An explicit shape (--layers, --d-model, --heads) over the preset's: the preset's context (the
+// longest --seq-len) stays.
+void apply_shape(const TrainOptions& o, ModelPreset& preset) {
   if (o.layers || o.d_model || o.heads) {
-    if (o.layers) p.preset.n_layers = o.layers;
-    if (o.d_model) p.preset.d_model = o.d_model;
-    if (o.heads) p.preset.n_heads = o.heads;
-    FSDP_CHECK(p.preset.d_model % p.preset.n_heads == 0, "--heads ", p.preset.n_heads,
-               " does not divide the width ", p.preset.d_model, "; use a divisor such as ",
-               std::gcd(p.preset.d_model, int64_t{8}), " or set --d-model to a multiple of it");
-    p.preset.name = cat(p.preset.name, " (d ", p.preset.d_model, ", ", p.preset.n_layers,
-                        " blocks, ", p.preset.n_heads, " heads)");
+    if (o.layers) preset.n_layers = o.layers;
+    if (o.d_model) preset.d_model = o.d_model;
+    if (o.heads) preset.n_heads = o.heads;
+    FSDP_CHECK(preset.d_model % preset.n_heads == 0, "--heads ", preset.n_heads,
+               " does not divide the width ", preset.d_model, "; use a divisor such as ",
+               std::gcd(preset.d_model, int64_t{8}), " or set --d-model to a multiple of it");
+    preset.name = cat(preset.name, " (d ", preset.d_model, ", ", preset.n_layers, " blocks, ",
+                      preset.n_heads, " heads)");
   }
-  FSDP_CHECK(o.steps >= 1, "--steps ", o.steps, " is invalid; use 1 or more");
-  FSDP_CHECK(o.global_batch >= 1, "--global-batch ", o.global_batch, " is invalid; use 1 or more");
+}
+
+// The step's numbers that are not whole: --seq-len against the context, --lr, --clip-grad,
+// --timeout.
+void check_step_values(const TrainOptions& o, const TrainPlan& p) {
   FSDP_CHECK(o.seq_len >= 1 && o.seq_len <= p.preset.context, "--seq-len ", o.seq_len,
              " is outside 1..", p.preset.context, " (the context of --model ", p.preset.name,
              "); use a value in that range");
-  FSDP_CHECK(o.grad_accum >= 1, "--grad-accum ", o.grad_accum, " is invalid; use 1 or more");
   FSDP_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr ", o.lr,
              " is invalid; use a positive learning rate such as 1e-3");
-  FSDP_CHECK(o.warmup_steps >= 0, "--warmup-steps ", o.warmup_steps, " is invalid; use 0 or more");
   FSDP_CHECK(std::isfinite(o.clip_grad) && o.clip_grad >= 0, "--clip-grad ", o.clip_grad,
              " is invalid; use a positive norm, or 0 to turn clipping off");
-  FSDP_CHECK(o.seed >= 0, "--seed ", o.seed, " is invalid; use 0 or more");
-  FSDP_CHECK(o.launch.threads >= 0 && o.launch.threads <= kMaxThreads, "--threads ",
-             o.launch.threads, " is invalid; use 1 to ", kMaxThreads, " (0 = auto)");
   // Timeouts count whole milliseconds.
   FSDP_CHECK(std::isfinite(o.timeout) && o.timeout >= 0.001 && o.timeout <= 7 * 24 * 3600,
              "--timeout ", o.timeout, " is invalid; use seconds in [0.001, 604800], e.g. 300");
+}
 
+// --precision, --dropout, --freeze, --init and --heap.
+void resolve_model_flags(const TrainOptions& o, TrainPlan& p) {
   p.bf16 = fsdp::parse_enum<bool>(o.precision, {{"fp32", false}, {"bf16-mixed", true}},
                                   "--precision");
   FSDP_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, "--dropout ", o.dropout,
@@ -294,6 +334,12 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   } catch (const fsdp::Error& e) {
     throw fsdp::Error(cat("--heap: ", e.what()));
   }
+}
+
+// The sharding strategy of --strategy, --grad-sync, --mesh, --prefetch and the switches, and its
+// plan for this world.
+void plan_strategy(const TrainOptions& o, TrainPlan& p, int64_t world_size,
+                   int64_t local_world_size) {
   const bool prefetch =
       fsdp::parse_enum<bool>(o.prefetch, {{"on", true}, {"off", false}}, "--prefetch");
 
@@ -335,7 +381,10 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
     }
     throw fsdp::Error(cat(flags, " on world size ", world_size, ": ", e.what()));
   }
+}
 
+// --global-batch over the ranks and --grad-accum's micro-steps, and whether a micro-step fits.
+void split_batch(const TrainOptions& o, TrainPlan& p, int64_t world_size) {
   FSDP_CHECK(o.global_batch % world_size == 0, "--global-batch ", o.global_batch,
              " does not split evenly over world size ", world_size, "; use a multiple of ",
              world_size, ", e.g. ", (o.global_batch / world_size + 1) * world_size);
@@ -349,7 +398,10 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              world_size * o.grad_accum);
   p.micro_batch = p.per_rank_batch / o.grad_accum;
   check_batch_fits(o, p);
+}
 
+// The reports (--json, --dry-run, --plan) and the output files (--metrics, --plot).
+void check_outputs(const TrainOptions& o) {
   FSDP_CHECK(!o.json || o.dry_run || o.plan,
              "--json only applies to --dry-run and --plan; add one or drop --json");
   FSDP_CHECK(!(o.dry_run && o.plan), "--dry-run and --plan each print a report; give one");
@@ -365,9 +417,11 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
                "--plot needs gnuplot, which is not in PATH; install it "
                "(apt-get install gnuplot-nox, or make setup) or drop --plot");
   }
-  FSDP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every,
-             " is invalid; use 0 (only at the end) or more");
-  FSDP_CHECK(o.keep_last >= 0, "--keep-last ", o.keep_last, " is invalid; use 0 (keep all) or more");
+}
+
+// --checkpoint-dir and what needs it: --resume, periodic and async saves, --keep-last, the
+// signals a save answers, --requeue; and --export-full.
+void check_checkpoint_flags(const TrainOptions& o, TrainPlan& p) {
   FSDP_CHECK(!o.resume_fallback || o.resume, "--resume-fallback only applies to --resume; add "
              "--resume or drop --resume-fallback");
   const bool needs_dir = o.resume || o.checkpoint_every > 0 || o.keep_last > 0;
@@ -395,14 +449,13 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
     FSDP_CHECK(ends(".pt") || ends(".safetensors"), "--export-full '", o.export_full,
                "' must end in .pt (torch.load) or .safetensors; e.g. --export-full model.pt");
   }
-  FSDP_CHECK(o.sample >= 0 && o.sample <= 1000000, "--sample ", o.sample,
-             " is invalid; use 0 (none) to 1000000 bytes");
+}
+
+// --sample's settings, validation, the data order, the schedule and AdamW's hyperparameters.
+void check_sampling_and_optimizer(const TrainOptions& o) {
   FSDP_CHECK(std::isfinite(o.temperature) && o.temperature >= 0 && o.temperature <= 100,
              "--temperature ", o.temperature, " is invalid; use 0 (greedy) to 100, e.g. 0.8");
   FSDP_CHECK(o.sample == 0 || !o.prompt.empty(), "--prompt is empty; give at least one byte");
-  FSDP_CHECK(o.eval_every >= 0, "--eval-every ", o.eval_every,
-             " is invalid; use 0 (step 0 and the end only) or more");
-  FSDP_CHECK(o.eval_batches >= 1, "--eval-batches ", o.eval_batches, " is invalid; use 1 or more");
   FSDP_CHECK(o.eval_every == 0 || !o.val_data.empty(), "--eval-every ",
              o.eval_every, " needs --val-data FILE; add it");
   FSDP_CHECK(o.data_order == "random" || o.data_order == "sequential", "--data-order '",
@@ -417,8 +470,11 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
              " is invalid; use a small positive value, e.g. 1e-8");
   FSDP_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay ",
              o.weight_decay, " is invalid; use 0 or more");
-  const std::string data_format = fsdp::lower_ascii(o.data_format);
-  const bool token_data = data_format == "llmc" || data_format == "nanogpt";
+}
+
+// The weights files: --init-from (llm.c's model file, a full or a sharded checkpoint) and
+// --export-llmc.
+void check_weights_files(const TrainOptions& o, const TrainPlan& p) {
   if (!o.init_from.empty() && init_from_llmc_file(o.init_from)) {
     FSDP_CHECK(p.preset.gpt2, "--init-from reads llm.c's GPT-2 model files; add --model gpt2 "
                "(with the file's --layers, --d-model and --heads)");
@@ -430,7 +486,29 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
     FSDP_CHECK(p.preset.gpt2, "--export-llmc writes llm.c's GPT-2 model file; add --model gpt2");
     check_output_path("--export-llmc", o.export_llmc);
   }
+}
+
+}  // namespace
+
+TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local_world_size) {
+  TrainPlan p;
+  p.world_size = world_size;
+  p.local_world_size = local_world_size;
+  // In this order: the first error found is the one reported.
+  p.preset = find_preset(o);
+  check_int_ranges(o);
+  apply_shape(o, p.preset);
+  check_step_values(o, p);
+  resolve_model_flags(o, p);
+  plan_strategy(o, p, world_size, local_world_size);
+  split_batch(o, p, world_size);
+  check_outputs(o);
+  check_checkpoint_flags(o, p);
+  check_sampling_and_optimizer(o);
+  check_weights_files(o, p);
   resolve_data(o, p);
+  const std::string data_format = fsdp::lower_ascii(o.data_format);
+  const bool token_data = data_format == "llmc" || data_format == "nanogpt";
   FSDP_CHECK(o.sample == 0 || (!token_data && p.data.format == DataFormat::kBytes), "--sample "
              "prints bytes, but --data '", p.data.label, "' holds tokens; drop --sample");
   return p;

@@ -14,9 +14,12 @@ std::string mesh_string(const fsdp::ShardingPlan& s) {
   return cat("(", s.replicate_size(), ", ", s.shard_size(), ")");
 }
 
-// Rank 0's live progress: a bar redrawn in place on a terminal, else a line every ~10% of steps.
-
 namespace {
+
+// One line of the summary: "  key                    value".
+void row(const std::string& key, const std::string& value) {
+  std::printf("  %-22s %s\n", key.c_str(), value.c_str());
+}
 
 std::string rate(double bytes, double seconds) {
   char s[32];
@@ -25,12 +28,50 @@ std::string rate(double bytes, double seconds) {
              fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
 }
 
+// The summary's memory lines: each rank's largest, and where rank 0's goes.
+void print_memory(const double (&peak)[kNumStats], double replica, const MemoryAccount& account) {
+  char buf[256];
+  std::printf("  memory per rank (largest rank)\n");
+  row("  sharded state", cat(fsdp::format_bytes(peak[kShardedState]),
+                             " (parameter and gradient shards, AdamW state)"));
+  row("  one replica", cat(fsdp::format_bytes(replica), " (the same unsharded, as DDP keeps it)"));
+  if (peak[kShardedState] > 0) {
+    std::snprintf(buf, sizeof(buf), "%.2fx less", replica / peak[kShardedState]);
+    row("  saving", buf);
+  }
+  row("  gathered peak", cat(fsdp::format_bytes(peak[kGatheredPeak]),
+                             " (unsharded parameters and gradients held at once)"));
+  row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
+  if (!account.empty()) {
+    std::printf("  where rank 0's memory goes (anonymous RSS at its largest sampled: the end of "
+                "step %lld's %s)\n",
+                static_cast<long long>(account.step()), account.when());
+    for (const auto& part : account.parts()) {
+      row("  " + part.name, cat(fsdp::format_bytes(double(part.bytes)), " (", part.what, ")"));
+    }
+    const double off = 100.0 * (double(account.sum()) / double(account.measured()) - 1.0);
+    char line[96];
+    std::snprintf(line, sizeof line, " = %+.1f%% of the measured RssAnon ", off);
+    row("  sum of the parts", cat(fsdp::format_bytes(double(account.sum())), line,
+                                  fsdp::format_bytes(double(account.measured()))));
+  }
+}
+
+// The summary's communication lines against the plan's.
+void print_communication(const double (&mean)[kNumStats], const fsdp::StepComm& c) {
+  std::printf("  communication per step (payload one rank issues; largest rank, mean of steps)\n");
+  row("  shard group", cat(fsdp::format_bytes(mean[kCommShard]), "  (plan: ",
+                           fsdp::format_bytes(double(c.shard_all_gather + c.shard_reduce_scatter +
+                                                     c.shard_all_reduce)),
+                           ")"));
+  row("  replicate group", cat(fsdp::format_bytes(mean[kCommReplicate]), "  (plan: ",
+                               fsdp::format_bytes(double(c.replicate_all_reduce)), ")"));
+  row("  world group", fsdp::format_bytes(mean[kCommWorld]));
+}
+
 }  // namespace
 
 void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
-  auto row = [](const std::string& key, const std::string& value) {
-    std::printf("  %-22s %s\n", key.c_str(), value.c_str());
-  };
   if (c.loaded) {
     row("resumed from", cat(c.loaded->path, " (step ", c.resumed_step, "): read ",
                             rate(double(c.loaded->bytes), c.loaded->seconds), " on rank 0"));
@@ -79,9 +120,6 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
     }
   }
   const double replica = double(report.replica.total());
-  auto row = [](const std::string& key, const std::string& value) {
-    std::printf("  %-22s %s\n", key.c_str(), value.c_str());
-  };
   std::printf("\nfsdp-train summary: %zu steps in %.1f s, %s on mesh %s, world %lld\n",
               steps.size(), total_s, fsdp::to_string(p.sharding.strategy),
               mesh_string(p.sharding).c_str(), static_cast<long long>(p.world_size));
@@ -113,39 +151,8 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
                 fsdp::format_count(double(tokens_per_step) / mean_step).c_str(), mean_step,
                 static_cast<long long>(tokens_per_step));
   row("throughput", buf);
-  std::printf("  memory per rank (largest rank)\n");
-  row("  sharded state", cat(fsdp::format_bytes(peak[kShardedState]),
-                             " (parameter and gradient shards, AdamW state)"));
-  row("  one replica", cat(fsdp::format_bytes(replica), " (the same unsharded, as DDP keeps it)"));
-  if (peak[kShardedState] > 0) {
-    std::snprintf(buf, sizeof(buf), "%.2fx less", replica / peak[kShardedState]);
-    row("  saving", buf);
-  }
-  row("  gathered peak", cat(fsdp::format_bytes(peak[kGatheredPeak]),
-                             " (unsharded parameters and gradients held at once)"));
-  row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
-  if (!account.empty()) {
-    std::printf("  where rank 0's memory goes (anonymous RSS at its largest sampled: the end of "
-                "step %lld's %s)\n",
-                static_cast<long long>(account.step()), account.when());
-    for (const auto& part : account.parts()) {
-      row("  " + part.name, cat(fsdp::format_bytes(double(part.bytes)), " (", part.what, ")"));
-    }
-    const double off = 100.0 * (double(account.sum()) / double(account.measured()) - 1.0);
-    char line[96];
-    std::snprintf(line, sizeof line, " = %+.1f%% of the measured RssAnon ", off);
-    row("  sum of the parts", cat(fsdp::format_bytes(double(account.sum())), line,
-                                  fsdp::format_bytes(double(account.measured()))));
-  }
-  std::printf("  communication per step (payload one rank issues; largest rank, mean of steps)\n");
-  const auto& c = report.comm;
-  row("  shard group", cat(fsdp::format_bytes(mean[kCommShard]), "  (plan: ",
-                           fsdp::format_bytes(double(c.shard_all_gather + c.shard_reduce_scatter +
-                                                     c.shard_all_reduce)),
-                           ")"));
-  row("  replicate group", cat(fsdp::format_bytes(mean[kCommReplicate]), "  (plan: ",
-                               fsdp::format_bytes(double(c.replicate_all_reduce)), ")"));
-  row("  world group", fsdp::format_bytes(mean[kCommWorld]));
+  print_memory(peak, replica, account);
+  print_communication(mean, report.comm);
   print_checkpoints(o, ckpt);
   if (!o.metrics.empty()) row("metrics", o.metrics);
   std::fflush(stdout);

@@ -17,9 +17,10 @@ int run_plan(const TrainOptions& o, const TrainPlan& plan);
 // parameter stays trainable. Builds nothing of the model's size.
 void check_freeze(const std::vector<std::string>& patterns, const ModelPreset& preset);
 
-// Joins the job (fsdp::Runtime::init), shards the GPT, trains o.steps optimizer steps; rank 0
-// prints the banner, progress and summary and writes --metrics and --plot. Returns 0, or 128 +
-// the signal after a --save-on-signal save (NOTE [preemption] in preempt.h); throws on failure.
+// Joins the job (fsdp::Runtime::init), shards the GPT, trains o.steps optimizer steps (the
+// Trainer, trainer.h); rank 0 prints the banner, progress and summary and writes --metrics and
+// --plot. Returns 0, or 128 + the signal after a --save-on-signal save (NOTE [preemption] in
+// preempt.h); throws on failure.
 int run_training(const TrainOptions& o, const TrainPlan& plan);
 
 }  // namespace fsdp_train
