@@ -2,6 +2,7 @@
 // OpenMPI; failure propagation (a killed rank, a non-zero exit, Ctrl-C, a killed supervisor);
 // and bad input. Every child has a deadline and is killed by the helpers if it overruns.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -695,14 +696,26 @@ int open_descriptors(int* highest) {
 
 // RankOutput's constructor opens two descriptors per rank; when one cannot be opened it throws,
 // and must close those it already opened (issue 22). In a child process, so that the lowered
-// descriptor limit cannot touch the test process: room for a few pipes, 64 ranks asked for.
+// descriptor limit cannot touch the test process: room for four pipes, 64 ranks asked for.
 TEST(Launcher, RankOutputClosesWhatItOpenedWhenItThrows) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    // The limit bounds descriptor numbers, not their count, and a new descriptor takes the lowest
+    // free number: free numbers below the highest open one (a launcher may pass a descriptor
+    // such as 251) are filled first, so that the limit leaves exactly 8.
     int highest = 0;
+    open_descriptors(&highest);
+    for (;;) {
+      const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) ::_exit(3);
+      if (fd > highest) {
+        ::close(fd);
+        break;
+      }
+    }
     const int before = open_descriptors(&highest);
-    const rlim_t limit = static_cast<rlim_t>(highest) + 1 + 8;  // the lowest free numbers + 8
+    const rlim_t limit = static_cast<rlim_t>(highest) + 1 + 8;
     const rlimit rl{limit, limit};
     if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(3);
     std::vector<int64_t> ranks(64);
@@ -730,7 +743,7 @@ TEST(Launcher, RankOutputClosesWhatItOpenedWhenItThrows) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "1: did not throw, 2: leaked descriptors, 3: setrlimit failed, 4: another error";
+      << "1: did not throw, 2: leaked descriptors, 3: setup failed, 4: another error";
 }
 
 }  // namespace
