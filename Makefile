@@ -10,8 +10,15 @@ all: build
 setup:
 	./scripts/setup.sh
 
+# clang by default: with the precompiled libtorch header it instantiates libtorch's templates once
+# instead of in every file, which makes a fresh build about 3x faster than GCC (CMakeLists.txt,
+# FSDP_PCH). `make FSDP_CXX=g++ FSDP_CC=gcc BUILD=build-gcc test` builds with GCC. The compiler is
+# fixed when BUILD is first configured.
+FSDP_CXX ?= clang++
+FSDP_CC ?= clang
+
 configure: setup
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	CC=$(FSDP_CC) CXX=$(FSDP_CXX) cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
 build: configure
 	cmake --build $(BUILD)

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  g++ make cmake ninja-build      # toolchain
+  g++ clang make cmake ninja-build  # toolchain (make builds with clang: see the Makefile)
   libtorch-dev                    # libtorch 1.13.1 (CPU, with c10d + Gloo)
   libgloo-dev                     # c10d's ProcessGroupGloo.hpp includes <gloo/...>
   libopenblas0-pthread            # without it libtorch matmuls use reference BLAS (~10x slower)

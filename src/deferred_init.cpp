@@ -171,12 +171,14 @@ void deferred_unit_not_sharded() {
               "returned by fsdp::shard(net, init)");
 }
 
-bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks) {
-  DeferredInit::State* ctx = current;
-  if (ctx == nullptr || !ctx->active) return false;
-  const auto start = std::chrono::steady_clock::now();
-  torch::NoGradGuard no_grad;
-  // Units built inside this one (inner fsdp::Unit members) keep their own parameters.
+namespace {
+
+// deferred_unit_built's steps.
+
+// 1. The unit's own parameters (those of units built inside it, inner fsdp::Unit members, stay
+//    theirs), laid out in two flats, trainable [0] and frozen [1]; tied parameters once.
+std::shared_ptr<DeferredUnit> collect_params(torch::nn::Module& module,
+                                             const DeferredInit::State& ctx) {
   std::unordered_set<const c10::TensorImpl*> inner;
   for (const auto& child : module.modules(/*include_self=*/false)) {
     auto* h = dynamic_cast<UnitHooks*>(child.get());
@@ -186,8 +188,8 @@ bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks) {
     }
   }
   auto unit = std::make_shared<DeferredUnit>();
-  unit->shard_size = ctx->shard_size;
-  unit->shard_rank = ctx->shard_rank;
+  unit->shard_size = ctx.shard_size;
+  unit->shard_rank = ctx.shard_rank;
   std::set<const c10::TensorImpl*> seen;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = p.value();
@@ -210,17 +212,18 @@ bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks) {
     flat.numel += dp.numel;
     flat.params.push_back(std::move(dp));
   }
-  const int64_t total = unit->flats[0].numel + unit->flats[1].numel;
-  if (unit->flats[0].params.empty() && unit->flats[1].params.empty()) return false;
+  return unit;
+}
 
-  // This rank's part of each flat, straight from the parameters (no whole flat is made), and a
-  // checksum of the values every rank must share.
-  const int64_t S = ctx->shard_size;
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(ctx->runtime->device());
+// 2. This rank's part of each flat, straight from the parameters (no whole flat is made), and a
+//    checksum of the values every rank must share. Returns the shards' bytes.
+int64_t slice_shards(DeferredUnit& unit, const DeferredInit::State& ctx) {
+  const int64_t S = ctx.shard_size;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(ctx.runtime->device());
   int64_t shard_bytes = 0;
-  for (auto& flat : unit->flats) {
+  for (auto& flat : unit.flats) {
     const int64_t shard_numel = (flat.numel + S - 1) / S;
-    const int64_t begin = ctx->shard_rank * shard_numel, end = begin + shard_numel;
+    const int64_t begin = ctx.shard_rank * shard_numel, end = begin + shard_numel;
     flat.shard = at::zeros({shard_numel}, f32);
     shard_bytes += shard_numel * 4;
     uint64_t h = 0;
@@ -234,17 +237,35 @@ bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks) {
     }
     flat.checksum = h;
   }
-  // The whole values go: the parameters now view zero pages (shapes intact, no memory).
-  unit->placeholder = zero_placeholder(total);
+  return shard_bytes;
+}
+
+// 3. The whole values go: the parameters now view zero pages (shapes intact, no memory).
+void drop_whole_values(DeferredUnit& unit, int64_t total) {
+  unit.placeholder = zero_placeholder(total);
   int64_t base = 0;
-  for (auto& flat : unit->flats) {
+  for (auto& flat : unit.flats) {
     for (auto& dp : flat.params) {
       dp.param.set_data(
-          unit->placeholder.narrow(0, base + dp.offset, dp.numel).view(dp.param.sizes()));
+          unit.placeholder.narrow(0, base + dp.offset, dp.numel).view(dp.param.sizes()));
       dp.version = dp.param._version();
     }
     base += flat.numel;
   }
+}
+
+}  // namespace
+
+bool deferred_unit_built(torch::nn::Module& module, UnitHooks& hooks) {
+  DeferredInit::State* ctx = current;
+  if (ctx == nullptr || !ctx->active) return false;
+  const auto start = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  auto unit = collect_params(module, *ctx);
+  if (unit->flats[0].params.empty() && unit->flats[1].params.empty()) return false;
+  const int64_t total = unit->flats[0].numel + unit->flats[1].numel;
+  const int64_t shard_bytes = slice_shards(*unit, *ctx);
+  drop_whole_values(*unit, total);
   DeferredAccess::of(hooks) = std::move(unit);
   auto& st = ctx->stats;
   st.units += 1;

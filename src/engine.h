@@ -201,6 +201,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;  // by path
+  // build()'s steps, in order (engine_build.cpp).
+  int64_t check_and_agree();
+  void make_groups();
+  ModuleMap make_units();
+  void shard_units(const ModuleMap& by_path, int64_t deferred_units);
   std::unique_ptr<UnitState> make_flat(const UnitInfo& info, bool trainable, const ModuleMap& modules,
                                        const std::map<std::string, at::Tensor>& params_by_name);
   void check_requires_grad() const;

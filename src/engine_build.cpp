@@ -83,13 +83,22 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root, FSDPStrategy strategy,
 
 void Engine::build() {
   FSDP_CHECK(root_, "fsdp::shard: the module is null");
-  const auto& env = runtime_->env();
   streams_ = DeviceStreams(runtime_->device());
   pooled_ = runtime_->device().is_cpu();
-  // 1. Everything that can be wrong is checked before the first collective, identically on
-  //    every rank (plan_sharding and plan_units are pure), and the ranks compare their settings
-  //    through the store so a mismatch is an error instead of a hang.
-  plan_ = plan_sharding(strategy_, runtime_->world_size(), env.local_world_size);
+  const int64_t deferred_units = check_and_agree();
+  make_groups();
+  const ModuleMap by_path = make_units();
+  shard_units(by_path, deferred_units);
+  // 5. Hooks.
+  for (auto& u : units_) install_hooks(*u, by_path);
+}
+
+// 1. Everything that can be wrong is checked before the first collective, identically on every
+//    rank (plan_sharding and plan_units are pure), and the ranks compare their settings through
+//    the store so a mismatch is an error instead of a hang. Returns the number of units built
+//    under DeferredInit.
+int64_t Engine::check_and_agree() {
+  plan_ = plan_sharding(strategy_, runtime_->world_size(), runtime_->env().local_world_size);
   R_ = plan_.replicate_size();
   S_ = plan_.shard_size();
   const auto& mp = strategy_.mixed_precision();
@@ -121,7 +130,11 @@ void Engine::build() {
   if (runtime_->rank() == 0) {
     for (const auto& w : plan_.warnings) std::cerr << "fsdp: warning: " << w << std::endl;
   }
-  // 2. Groups.
+  return deferred_units;
+}
+
+// 2. Groups: the strategy's mesh or one made from the plan; the gradient divisors.
+void Engine::make_groups() {
   if (auto given = strategy_.device_mesh_object()) {
     mesh_ = given;
   } else {
@@ -146,11 +159,13 @@ void Engine::build() {
     while (pre_divide_ * 2 <= std::sqrt(dp)) pre_divide_ *= 2;
   }
   post_divide_ = dp / pre_divide_;
+}
 
-  // 3. Units: root first, then the policy's picks in module order.
-  auto modules = root_->named_modules("", /*include_self=*/true);
+// 3. Units: root first, then the policy's picks in module order; each unit's frozen flat after
+//    all trainable ones. Returns the modules by path.
+Engine::ModuleMap Engine::make_units() {
   ModuleMap by_path;
-  for (const auto& m : modules) by_path[m.key()] = m.value();
+  for (const auto& m : root_->named_modules("", /*include_self=*/true)) by_path[m.key()] = m.value();
   std::map<std::string, at::Tensor> params_by_name;
   for (const auto& p : root_->named_parameters()) params_by_name[p.key()] = p.value();
   for (const auto& info : infos_) units_.push_back(make_flat(info, true, by_path, params_by_name));
@@ -162,10 +177,14 @@ void Engine::build() {
     units_.push_back(std::move(f));
   }
   select_checkpointed_units(by_path);
-  // 4. Flatten, optionally broadcast rank 0's values, shard; units built under DeferredInit
-  //    hold their shards already (checked on every rank first, store only). Buffers (norm
-  //    statistics...) move to the runtime's device like the parameters (NCCL broadcasts only
-  //    device tensors).
+  return by_path;
+}
+
+// 4. Flatten, optionally broadcast rank 0's values, shard; units built under DeferredInit hold
+//    their shards already (checked on every rank first, store only). Buffers (norm
+//    statistics...) move to the runtime's device like the parameters (NCCL broadcasts only
+//    device tensors).
+void Engine::shard_units(const ModuleMap& by_path, int64_t deferred_units) {
   std::optional<DeferredShards> deferred;
   if (deferred_units > 0) {
     deferred.emplace(*root_, infos_, strategy_.auto_wrap_policy().name(), S_, shard_rank_,
@@ -197,8 +216,6 @@ void Engine::build() {
       buf.copy_(bytes.view(buf.scalar_type()).view(buf.sizes()));
     }
   }
-  // 5. Hooks.
-  for (auto& u : units_) install_hooks(*u, by_path);
 }
 
 // One flat of unit `info`: its trainable parameters, or (trainable false) its frozen ones.

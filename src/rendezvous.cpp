@@ -16,9 +16,11 @@
 #include <exception>
 #include <vector>
 
+#include "addr_info.h"
 #include "compat.h"
 #include "fsdp/error.h"
 #include "process_setup.h"
+#include "unique_fd.h"
 
 namespace fsdp::detail {
 
@@ -34,30 +36,22 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 int listen_on_master_address(const std::string& host, int port) {
   std::string last_error = "no address";
   for (int family : {AF_INET, AF_INET6}) {
-    addrinfo hints{};
-    hints.ai_family = family;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) continue;
-    for (addrinfo* a = res; a; a = a->ai_next) {
-      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) continue;
+    const AddrInfo res = resolve(host, port, family, SOCK_STREAM);
+    for (const addrinfo* a = res.get(); a; a = a->ai_next) {
+      UniqueFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd.valid()) continue;
       int one = 1;
-      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 2048) == 0) {
-        freeaddrinfo(res);
-        return fd;
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), 2048) == 0) {
+        return fd.release();
       }
       const int err = errno;
       last_error = std::strerror(err);
-      ::close(fd);
       if (err == EADDRINUSE) {
-        freeaddrinfo(res);
         throw Error(detail::cat("rank 0 could not host the rendezvous store: port ", port,
                                 " is already in use; choose another --master-port / MASTER_PORT"));
       }
     }
-    freeaddrinfo(res);
   }
   throw Error(detail::cat("rank 0 cannot listen on the master address ", host, ":", port, " (",
                           last_error, "): rank 0 hosts the rendezvous store, so --master-addr / "

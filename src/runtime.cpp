@@ -17,12 +17,14 @@
 #include <exception>
 #include <mutex>
 
+#include "addr_info.h"
 #include "c10d_group.h"
 #include "compat.h"
 #include "fsdp/error.h"
 #include "fsdp/cluster.h"
 #include "rendezvous.h"
 #include "runtime_internal.h"
+#include "unique_fd.h"
 
 #if defined(FSDP_WITH_CUDA)
 #include <torch/cuda.h>
@@ -52,25 +54,20 @@ int64_t visible_gpus() {
 // The local address this machine uses to reach `host`: Gloo must listen on an address the other
 // nodes can reach, and the hostname often resolves to 127.0.1.1 on Debian.
 std::string local_address_towards(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  FSDP_CHECK(rc == 0 && res, "cannot resolve the master address '", host, "': ", gai_strerror(rc),
+  const detail::AddrInfo res = detail::resolve(host, port, AF_INET, SOCK_DGRAM);
+  FSDP_CHECK(res.ok(), "cannot resolve the master address '", host, "': ", res.error(),
              "; fix --master-addr / MASTER_ADDR");
-  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  const detail::UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   std::string result = "127.0.0.1";
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+  const addrinfo* a = res.get();
+  if (fd.valid() && ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
     sockaddr_in local{};
     socklen_t len = sizeof(local);
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) == 0) {
       char buf[INET_ADDRSTRLEN];
       if (inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf))) result = buf;
     }
   }
-  if (fd >= 0) ::close(fd);
-  freeaddrinfo(res);
   return result;
 }
 

@@ -10,7 +10,11 @@ src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" --component dev >/dev/null
-cmake -S "$src/examples" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+# With the compiler the package was built with (CXX, when set, wins): a user's project usually
+# does, and a sanitizer build's libfsdp.a links only into programs compiled alike.
+cxx=${CXX:-$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")}
+cmake -S "$src/examples" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
 cmake --build "$work/build"
 timeout 120 "$work/build/hsdp_mlp"
 timeout 60 "$work/build/lora_finetune" --make-base "$work/base.pt"

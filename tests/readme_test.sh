@@ -86,7 +86,10 @@ if [ "$mode" = cpp ]; then
     echo "README.md has no C++ block to compile ($skipped fragments)"
     exit 0
   fi
+  # The package's own compiler, as in example_test.sh (CXX, when set, wins).
+  cxx=${CXX:-$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")}
   cmake -S "$work/project" -B "$work/project/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
   # Everything at once (-k 0: past failures), then each block alone to name what failed.
   cmake --build "$work/project/build" -- -k 0 >"$work/all.log" 2>&1 || true

@@ -2,13 +2,16 @@
 // OpenMPI; failure propagation (a killed rank, a non-zero exit, Ctrl-C, a killed supervisor);
 // and bad input. Every child has a deadline and is killed by the helpers if it overruns.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
@@ -673,6 +677,73 @@ TEST(Launcher, SuperviseLeavesTheProgramsOwnChildrenAlone) {
   int status = 0;
   ASSERT_EQ(::waitpid(mine, &status, 0), mine) << "supervise() reaped a child that is not a rank";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
+}
+
+}  // namespace
+
+namespace {
+
+// Descriptors this process holds (the iterator's own one counted alike every time).
+int open_descriptors(int* highest) {
+  int n = 0;
+  *highest = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++n;
+    *highest = std::max(*highest, std::stoi(e.path().filename().string()));
+  }
+  return n;
+}
+
+// RankOutput's constructor opens two descriptors per rank; when one cannot be opened it throws,
+// and must close those it already opened (issue 22). In a child process, so that the lowered
+// descriptor limit cannot touch the test process: room for four pipes, 64 ranks asked for.
+TEST(Launcher, RankOutputClosesWhatItOpenedWhenItThrows) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The limit bounds descriptor numbers, not their count, and a new descriptor takes the lowest
+    // free number: free numbers below the highest open one (a launcher may pass a descriptor
+    // such as 251) are filled first, so that the limit leaves exactly 8.
+    int highest = 0;
+    open_descriptors(&highest);
+    for (;;) {
+      const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) ::_exit(3);
+      if (fd > highest) {
+        ::close(fd);
+        break;
+      }
+    }
+    const int before = open_descriptors(&highest);
+    const rlim_t limit = static_cast<rlim_t>(highest) + 1 + 8;
+    const rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(3);
+    std::vector<int64_t> ranks(64);
+    for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int64_t>(i);
+    try {
+      fsdp::detail::RankOutput out(ranks, std::chrono::milliseconds(0));
+      std::fprintf(stderr, "RankOutput opened 64 ranks under a limit of %d descriptors\n",
+                   static_cast<int>(limit));
+      ::_exit(1);
+    } catch (const fsdp::Error& e) {
+      if (std::string(e.what()).find("could not create the output channel of rank") ==
+          std::string::npos) {
+        std::fprintf(stderr, "unexpected error: %s\n", e.what());
+        ::_exit(4);
+      }
+    }
+    const int after = open_descriptors(&highest);
+    if (after != before) {
+      std::fprintf(stderr, "%d descriptors open before, %d after the throw\n", before, after);
+      ::_exit(2);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: did not throw, 2: leaked descriptors, 3: setup failed, 4: another error";
 }
 
 }  // namespace

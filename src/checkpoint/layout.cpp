@@ -14,17 +14,21 @@ std::vector<bool> fields_present(const OptimizerKind* kind, const torch::optim::
   return present;
 }
 
-Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const OptimizerKind* kind) {
-  Layout L;
-  const int64_t S = e.shard_group()->size();
-  L.file_bytes.assign(static_cast<size_t>(S), 0);
-  L.flats = e.flat_views();
-  struct Slot {
-    int64_t flat;
-    const FlatParamView* slot;
-    int64_t param_entry;
-    std::vector<int64_t> field_entries;  // -1 where absent
-  };
+namespace {
+
+// One parameter of a flat and the entries it owns: its own and one per optimizer field.
+struct Slot {
+  int64_t flat;
+  const FlatParamView* slot;
+  int64_t param_entry;
+  std::vector<int64_t> field_entries;  // -1 where absent
+};
+
+// make_layout's steps.
+
+// 1. Entries: each parameter, each followed by its optimizer state fields that exist.
+std::vector<Slot> add_entries(Layout& L, const torch::optim::Optimizer* o,
+                              const OptimizerKind* kind) {
   std::vector<Slot> slots;
   for (size_t i = 0; i < L.flats.size(); ++i) {
     const FlatView& u = L.flats[i];
@@ -58,37 +62,41 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
       slots.push_back(std::move(slot));
     }
   }
-  // Chunks, file by file: a unit's params in flat order, each followed by its state fields.
-  for (int64_t s = 0; s < S; ++s) {
-    int64_t offset = 0;
-    for (const auto& slot : slots) {
-      const FlatView& u = L.flats[static_cast<size_t>(slot.flat)];
-      const int64_t lo_shard = s * u.shard_numel;
-      const auto sl = detail::shard_slice(lo_shard, u.shard_numel, slot.slot->offset, slot.slot->numel);
-      if (sl.empty()) continue;
-      const int64_t lo = sl.lo, hi = sl.hi;
-      auto add = [&](int64_t entry, int64_t field) {
-        Chunk c;
-        c.tensor = entry;
-        c.file = s;
-        c.offset = offset;
-        c.begin = lo - slot.slot->offset;
-        c.end = hi - slot.slot->offset;
-        c.flat = slot.flat;
-        c.shard_offset = lo - lo_shard;
-        c.field = field;
-        offset += (hi - lo) * 4;
-        L.chunks.push_back(c);
-      };
-      add(slot.param_entry, -1);
-      for (size_t f = 0; f < slot.field_entries.size(); ++f) {
-        if (slot.field_entries[f] >= 0) add(slot.field_entries[f], static_cast<int64_t>(f));
-      }
+  return slots;
+}
+
+// 2. Chunks of shard file `s`: a unit's params in flat order, each followed by its state fields.
+void add_shard_chunks(Layout& L, const std::vector<Slot>& slots, int64_t s) {
+  int64_t offset = 0;
+  for (const auto& slot : slots) {
+    const FlatView& u = L.flats[static_cast<size_t>(slot.flat)];
+    const int64_t lo_shard = s * u.shard_numel;
+    const auto sl = shard_slice(lo_shard, u.shard_numel, slot.slot->offset, slot.slot->numel);
+    if (sl.empty()) continue;
+    auto add = [&](int64_t entry, int64_t field) {
+      Chunk c;
+      c.tensor = entry;
+      c.file = s;
+      c.offset = offset;
+      c.begin = sl.lo - slot.slot->offset;
+      c.end = sl.hi - slot.slot->offset;
+      c.flat = slot.flat;
+      c.shard_offset = sl.lo - lo_shard;
+      c.field = field;
+      offset += (sl.hi - sl.lo) * 4;
+      L.chunks.push_back(c);
+    };
+    add(slot.param_entry, -1);
+    for (size_t f = 0; f < slot.field_entries.size(); ++f) {
+      if (slot.field_entries[f] >= 0) add(slot.field_entries[f], static_cast<int64_t>(f));
     }
-    L.file_bytes[static_cast<size_t>(s)] = offset;
   }
-  // Buffers: whole, in shard-0.bin.
-  for (const auto& b : e.root_module().named_buffers()) {
+  L.file_bytes[static_cast<size_t>(s)] = offset;
+}
+
+// 3. Buffers: whole, in shard-0.bin, after its shard chunks.
+void add_buffers(Layout& L, const torch::nn::Module& root) {
+  for (const auto& b : root.named_buffers()) {
     TensorEntry t;
     t.name = b.key();
     t.kind = "buffer";
@@ -106,6 +114,18 @@ Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const Opti
     L.entries.push_back(t);
     L.chunks.push_back(c);
   }
+}
+
+}  // namespace
+
+Layout make_layout(const Engine& e, const torch::optim::Optimizer* o, const OptimizerKind* kind) {
+  Layout L;
+  const int64_t S = e.shard_group()->size();
+  L.file_bytes.assign(static_cast<size_t>(S), 0);
+  L.flats = e.flat_views();
+  const std::vector<Slot> slots = add_entries(L, o, kind);
+  for (int64_t s = 0; s < S; ++s) add_shard_chunks(L, slots, s);
+  add_buffers(L, e.root_module());
   return L;
 }
 

@@ -149,7 +149,9 @@ UnitTimes unit_times(const ModelSpec& model, const ClusterSpec& cluster, const P
 void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& cluster,
                    const PlanOptions& o, const UnitTimes& t, bool regather, int64_t replicate,
                    int64_t shard) {
-  const auto& [fwd, bwd, ag, rs, ar] = t;
+  // Plain references, not a structured binding: the lambdas below use them, and C++17 does not
+  // let a lambda capture a structured binding (clang refuses it).
+  const auto &fwd = t.fwd, &bwd = t.bwd, &ag = t.ag, &rs = t.rs, &ar = t.ar;
   const size_t n = fwd.size();
   const double tokens = double(o.micro_batch * model.seq_len);
   const bool shared_nics = c.shard_crosses_nodes && c.replicate_crosses_nodes;

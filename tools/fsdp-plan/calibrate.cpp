@@ -1,7 +1,6 @@
 // fsdp-plan --calibrate (see calibrate.h).
 #include "calibrate.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -63,24 +63,17 @@ std::string sibling(const std::string& self, const std::string& name) {
   return path;
 }
 
-void make_parents(const std::string& path) {
-  for (size_t i = 1; i < path.size(); ++i) {
-    if (path[i] == '/') ::mkdir(path.substr(0, i).c_str(), 0755);
-  }
-}
+// calibrate's steps.
 
-}  // namespace
+const char* const kThreads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 
-int calibrate(const CalibrateOptions& o, const std::string& self) {
-  FSDP_CHECK(o.devices >= 2, "--devices ", o.devices, " is too few to time collectives; use 2 or more");
-  FSDP_CHECK(o.steps >= 2, "--calibrate-steps ", o.steps, " is too few; use 2 or more");
-  const std::string output = o.output.empty() ? fsdp::calibrated_cluster_path() : o.output;
-  const std::string threads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
-
-  // Collectives: rows "all_gather/ring  MiB  ms  busbw" and "reduce_scatter/ring ...".
-  const std::string bench = run(threads + sibling(self, "bench_collectives") + " --devices " +
+// 1. Collectives: bench_collectives' rows "all_gather/ring  MiB  ms  busbw" and
+//    "reduce_scatter/ring ..." as bytes -> GB/s samples.
+std::map<int64_t, std::vector<double>> measure_busbw(const CalibrateOptions& o,
+                                                     const std::string& self) {
+  const std::string bench = run(kThreads + sibling(self, "bench_collectives") + " --devices " +
                                 std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 5");
-  std::map<int64_t, std::vector<double>> busbw;  // bytes -> GB/s samples
+  std::map<int64_t, std::vector<double>> busbw;
   std::istringstream in(bench);
   std::string line;
   while (std::getline(in, line)) {
@@ -93,18 +86,23 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
     }
   }
   FSDP_CHECK(!busbw.empty(), "bench_collectives printed no ring rows: ", bench.substr(0, 300));
+  return busbw;
+}
 
-  // Compute: a one-process run of the small GPT, one thread.
+// 2. Compute: the median of the later step times of a one-process, one-thread run of the small
+//    GPT on `batch` x `seq` tokens.
+double measure_step_seconds(const CalibrateOptions& o, const std::string& self, int64_t batch,
+                            int64_t seq) {
   char tmpl[] = "/tmp/fsdp-calibrate-XXXXXX";
   const int fd = ::mkstemp(tmpl);
   FSDP_CHECK(fd >= 0, "cannot create a temporary file in /tmp");
   ::close(fd);
-  const int64_t batch = 8, seq = 128;
-  run(threads + sibling(self, "fsdp-train") + " --model small --threads 1 --quiet --steps " +
+  run(kThreads + sibling(self, "fsdp-train") + " --model small --threads 1 --quiet --steps " +
       std::to_string(o.steps) + " --global-batch " + std::to_string(batch) + " --seq-len " +
       std::to_string(seq) + " --warmup-steps 1 --metrics " + tmpl + " > /dev/null");
   std::vector<double> times;
   std::ifstream metrics(tmpl);
+  std::string line;
   while (std::getline(metrics, line)) {
     times.push_back(nlohmann::json::parse(line)["step_time_s"].get<double>());
   }
@@ -112,22 +110,16 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   FSDP_CHECK(!times.empty(), "fsdp-train wrote no metrics");
   std::vector<double> tail(times.begin() + long(times.size() / 2), times.end());
   std::sort(tail.begin(), tail.end());
-  const double step = tail[tail.size() / 2];
-  fsdp::ModelSpec small = fsdp::model_preset("small");
-  small.seq_len = seq;
-  const double flops = small.flops_per_token(fsdp::Recompute::kNone) * double(batch * seq) / step;
+  return tail[tail.size() / 2];
+}
 
-  fsdp::ClusterSpec c = fsdp::cluster_preset("this-machine");
-  c.description = "this machine, measured by fsdp-plan --calibrate";
-  c.cores = std::max<int64_t>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
-  c.memory_bytes = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
-  c.peak_flops = flops;
-  c.flops_fraction = 1.0;
-  // Time per size t = (n-1)/n S / busbw. The latency per ring step comes from the two smallest
-  // sizes (t = (n-1) a + (n-1)/n S / B with one B between them); each band then keeps the
-  // bandwidth that the rest of its time implies, so small messages pay the latency and large
-  // ones the measured rate.
-  const double n = double(o.devices), f = (n - 1) / n;
+// 3. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw. The latency per ring step
+//    comes from the two smallest sizes (t = (n-1) a + (n-1)/n S / B with one B between them);
+//    each band then keeps the bandwidth that the rest of its time implies, so small messages pay
+//    the latency and large ones the measured rate.
+void fit_link(const std::map<int64_t, std::vector<double>>& busbw, int64_t devices,
+              fsdp::LinkSpec& link) {
+  const double n = double(devices), f = (n - 1) / n;
   std::vector<std::pair<double, double>> points;  // bytes, seconds
   for (const auto& [bytes, samples] : busbw) {
     double sum = 0;
@@ -139,12 +131,33 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
     const double b = f * (points[1].first - points[0].first) / (points[1].second - points[0].second);
     latency = std::max(0.0, (points[0].second - f * points[0].first / b) / (n - 1));
   }
-  c.intra.latency_s = latency;
-  c.intra.bands.clear();
+  link.latency_s = latency;
+  link.bands.clear();
   for (const auto& [bytes, t] : points) {
     const double rest = std::max(t - (n - 1) * latency, 0.1 * t);
-    c.intra.bands.push_back({static_cast<int64_t>(bytes), f * bytes / rest});
+    link.bands.push_back({static_cast<int64_t>(bytes), f * bytes / rest});
   }
+}
+
+}  // namespace
+
+int calibrate(const CalibrateOptions& o, const std::string& self) {
+  FSDP_CHECK(o.devices >= 2, "--devices ", o.devices, " is too few to time collectives; use 2 or more");
+  FSDP_CHECK(o.steps >= 2, "--calibrate-steps ", o.steps, " is too few; use 2 or more");
+  const std::string output = o.output.empty() ? fsdp::calibrated_cluster_path() : o.output;
+  const auto busbw = measure_busbw(o, self);
+  const int64_t batch = 8, seq = 128;
+  const double step = measure_step_seconds(o, self, batch, seq);
+  fsdp::ModelSpec small = fsdp::model_preset("small");
+  small.seq_len = seq;
+
+  fsdp::ClusterSpec c = fsdp::cluster_preset("this-machine");
+  c.description = "this machine, measured by fsdp-plan --calibrate";
+  c.cores = std::max<int64_t>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
+  c.memory_bytes = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
+  c.peak_flops = small.flops_per_token(fsdp::Recompute::kNone) * double(batch * seq) / step;
+  c.flops_fraction = 1.0;
+  fit_link(busbw, o.devices, c.intra);
   c.inter = c.intra;
   c.ranks_per_node = o.devices;
   c.sources = {
@@ -157,11 +170,14 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
       {"cores", "sysconf: online CPUs"},
       {"reserve_gib", "the this-machine preset's assumption"}};
   c.validate();
-  make_parents(output);
+  std::error_code ec;
+  const auto parent = std::filesystem::path(output).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   {
     std::ofstream out(output);
     out << fsdp::cluster_to_json(c) << "\n";
-    FSDP_CHECK(out, "cannot write the cluster file ", output);
+    FSDP_CHECK(out, "cannot write the cluster file ", output,
+               ec ? " (" + ec.message() + ")" : std::string());
   }
   std::cout << fsdp::cluster_to_json(c) << "\nfsdp-plan --calibrate: wrote " << output << "\n";
   return 0;
