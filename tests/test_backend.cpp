@@ -17,6 +17,7 @@
 
 #include "fsdp/error.h"
 #include "runtime_internal.h"
+#include "testing.h"
 
 using namespace fsdp;
 
@@ -64,19 +65,6 @@ TEST(Backend, NcclOnACpuOnlyLibtorchIsAClearError) {
                        "backend nccl needs CUDA, but this libtorch is a CPU-only build; use "
                        "--backend gloo (or auto)");
 }
-
-// Whether this build runs under ASan or TSan (gcc defines __SANITIZE_*, clang has __has_feature).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 void expect_retained() {
   ASSERT_TRUE(set_heap_policy(HeapPolicy::kRetain));
@@ -168,7 +156,7 @@ TEST(Heap, RetainKeepsFreedBuffersInTheHeap) {
   EXPECT_TRUE(set_heap_policy(HeapPolicy::kUnchanged));
   EXPECT_STREQ(to_string(HeapPolicy::kRetain), "retain");
   EXPECT_STREQ(to_string(HeapPolicy::kUnchanged), "unchanged");
-  if (kSanitized) {
+  if (fsdp::testing::kSanitized) {
     EXPECT_FALSE(set_heap_policy(HeapPolicy::kRetain));
   } else {
     expect_retained();
