@@ -11,6 +11,7 @@
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
 #include "fsdp/report.h"
+#include "elapsed.h"
 #include "llmc.h"
 
 namespace fsdp_train {
@@ -18,10 +19,6 @@ namespace fsdp_train {
 using fsdp::cat;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 bool is_directory(const std::string& path) {
   struct stat st {};

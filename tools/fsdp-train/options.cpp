@@ -507,9 +507,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   check_sampling_and_optimizer(o);
   check_weights_files(o, p);
   resolve_data(o, p);
-  const std::string data_format = fsdp::lower_ascii(o.data_format);
-  const bool token_data = data_format == "llmc" || data_format == "nanogpt";
-  FSDP_CHECK(o.sample == 0 || (!token_data && p.data.format == DataFormat::kBytes), "--sample "
+  FSDP_CHECK(o.sample == 0 || p.data.format == DataFormat::kBytes, "--sample "
              "prints bytes, but --data '", p.data.label, "' holds tokens; drop --sample");
   return p;
 }

@@ -9,6 +9,7 @@
 #include "fsdp/error.h"
 #include "fsdp/report.h"
 #include "fsdp/sharded.h"
+#include "elapsed.h"
 #include "gpt2.h"
 #include "plot.h"
 #include "summary.h"
@@ -20,10 +21,6 @@ using fsdp::cat;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Bytes a terminal can show: control characters other than newline and tab become '?'.
 std::string printable(std::string s) {

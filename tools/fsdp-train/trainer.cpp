@@ -13,6 +13,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
+#include "elapsed.h"
 #include "llmc.h"
 #include "resume.h"
 
@@ -23,10 +24,6 @@ using fsdp::cat;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
 int64_t peak_rss_bytes() {
