@@ -15,6 +15,10 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
   planner  fsdp-plan --calibrate, then fsdp-plan's predicted step time, sharded state and bytes
            against measured fsdp-train runs: every strategy, W = 2, 4, 8, two model sizes.
   construction  building and sharding a GPT with --init deferred against --init eager, W = 1, 2, 4.
+  gpt2     GPT-2 124M at llm.c's configuration (B = 4, T = 64, AdamW, sequential tokens)
+           against PyTorch eager (bench/gpt2_peer.py) from the same llm.c model file and tokens,
+           one process and W = 2, PyTorch 1.13 and 2.6; peak RSS and sharded state per rank of
+           every strategy at W = 2 and 4.
   checkpoint  sharded save and load of the medium GPT with AdamW at W = 4 against `dd conv=fsync`
            and `cat` of the same bytes (reads with the page cache dropped, root only, and warm);
            async saves: time training is blocked per save against a memcpy of the staging bytes,
@@ -77,8 +81,10 @@ class Runner:
         self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
     def train_args(self, model, steps, batch, seq, extra):
+        """fsdp-train's command; one warm-up step unless `extra` sets --warmup-steps."""
+        warmup = [] if "--warmup-steps" in extra else ["--warmup-steps", "1"]
         return [self.train, "--model", model, "--steps", str(steps), "--global-batch", str(batch),
-                "--seq-len", str(seq), "--warmup-steps", "1", "--threads", "1", "--quiet"] + extra
+                "--seq-len", str(seq)] + warmup + ["--threads", "1", "--quiet"] + extra
 
     def fsdp(self, model, steps, batch, seq, world, strategy, extra=(), prefix=(), label=""):
         """One fsdp-train run; returns its per-step metrics and plan."""
@@ -119,6 +125,26 @@ class Runner:
         r = json.loads(open(out).read().splitlines()[-1])
         r.update(kind=r["peer"], label=f"PyTorch {r['peer'].upper() if r['peer'] == 'ddp' else 'one process'}",
                  model=model, command=shown(args))
+        return r
+
+
+    def gpt2_peer(self, python, world, model_file, tokens, steps, batch, seq, prefix=(),
+                  heap=False):
+        """bench/gpt2_peer.py: PyTorch eager GPT-2, one process or DDP over `world` ranks;
+        `heap`: with glibc set as fsdp-train's --heap retain sets it (GPT2_HEAP)."""
+        out = os.path.join(self.work, "gpt2_peer.jsonl")
+        if os.path.exists(out):
+            os.unlink(out)
+        args = [python, os.path.join(HERE, "gpt2_peer.py"), "--nproc", str(world), "--model-file",
+                model_file, "--tokens", tokens, "--batch", str(batch), "--seq-len", str(seq),
+                "--steps", str(steps), "--json", out]
+        env = dict(self.env, GLIBC_TUNABLES=GPT2_HEAP) if heap else self.env
+        subprocess.run(list(prefix) + args, env=env, check=True, capture_output=True,
+                       timeout=1800)
+        r = json.loads(open(out).read().splitlines()[-1])
+        label = "PyTorch DDP" if world > 1 else "PyTorch, one process"
+        r.update(kind="pytorch", label=label + (", fsdp's heap" if heap else ""), heap=heap,
+                 command=("GLIBC_TUNABLES=" + GPT2_HEAP + " " if heap else "") + shown(args))
         return r
 
 
@@ -189,26 +215,34 @@ def peers(r, results, quick):
                              "steps": steps, "rounds": rounds}
 
 
-def peers_26(r, results, quick):
-    """The same against PyTorch 2.6, in the libtorch 2.6 chroot, with our 2.6 build."""
+def runner_26(r, quick):
+    """(Runner for our libtorch 2.6 build of fsdp-train in the chroot, command prefix), built
+    once; or (None, why not)."""
     build26 = os.path.join(r.build, "libtorch2")
     root = None
     if os.path.exists(CHROOT_SCRIPT):
         root = subprocess.run([CHROOT_SCRIPT, "path"], capture_output=True, text=True).stdout.strip()
     if quick or not root or not os.path.exists(os.path.join(root, "usr/bin/python3")):
-        results["peers_26"] = {"skipped": "quick mode" if quick else
-                               "no libtorch 2.6 chroot (make libtorch2-chroot)"}
-        return
-    log("building fsdp-train against libtorch 2.6 in", build26)
-    subprocess.run([CHROOT_SCRIPT, "run", "bash", "-c",
-                    'cmake -S "$2" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && '
-                    'cmake --build "$1" --target fsdp-train >/dev/null', "_", build26, ROOT],
-                   check=True)
+        return None, ("quick mode" if quick else "no libtorch 2.6 chroot (make libtorch2-chroot)")
+    if not getattr(r, "built_26", False):
+        log("building fsdp-train against libtorch 2.6 in", build26)
+        subprocess.run([CHROOT_SCRIPT, "run", "bash", "-c",
+                        'cmake -S "$2" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && '
+                        'cmake --build "$1" --target fsdp-train >/dev/null', "_", build26, ROOT],
+                       check=True)
+        r.built_26 = True
     # The chroot sees the repository (bind-mounted) but not this machine's /tmp.
     work26 = os.path.join(build26, "bench-work")
     os.makedirs(work26, exist_ok=True)
-    r26 = Runner(build26, work26, quick)
-    prefix = [CHROOT_SCRIPT, "run"]
+    return Runner(build26, work26, quick), [CHROOT_SCRIPT, "run"]
+
+
+def peers_26(r, results, quick):
+    """The same against PyTorch 2.6, in the libtorch 2.6 chroot, with our 2.6 build."""
+    r26, prefix = runner_26(r, quick)
+    if r26 is None:
+        results["peers_26"] = {"skipped": prefix}
+        return
     model, batch, seq, steps, rounds = "small", 16, 128, 12, 2
     rows = []
     for rnd in range(rounds):
@@ -534,6 +568,92 @@ def seconds_of(pattern, text):
     return float(m.group(1))
 
 
+# llm.c's optimizer settings (AdamW 1e-4, betas 0.9/0.999, eps 1e-8, no weight decay, no
+# clipping, constant rate) and its sequential loader: what bench/gpt2_peer.py does.
+GPT2_LLMC = ["--lr", "1e-4", "--warmup-steps", "0", "--lr-schedule", "constant", "--beta1", "0.9",
+             "--beta2", "0.999", "--adam-eps", "1e-8", "--weight-decay", "0", "--clip-grad", "0",
+             "--data-order", "sequential"]
+# fsdp-train's default heap policy (--heap retain, include/fsdp/process.h) as glibc's tunables,
+# for a PyTorch peer run with the same malloc settings.
+GPT2_HEAP = ("glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:"
+             "glibc.malloc.mmap_max=0")
+GPT2_STRATEGIES = ["no_shard", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2"]
+
+
+def write_llmc_tokens(path, count, vocab, seed):
+    """An llm.c token file of `count` pseudo-random ids below `vocab`."""
+    import random
+    import struct
+    rng = random.Random(seed)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, count, *([0] * 253)))
+        f.write(struct.pack(f"<{count}H", *(rng.randrange(vocab) for _ in range(count))))
+
+
+def gpt2_line(r, prefix, python, shape, steps, rounds, batch, seq, line):
+    """One torch line's rows: fsdp-train and gpt2_peer.py from the same llm.c model file and
+    tokens, one process and W = 2, in alternating rounds."""
+    tokens, init = os.path.join(r.work, "gpt2_tokens.bin"), os.path.join(r.work, "gpt2_init.bin")
+    write_llmc_tokens(tokens, 1 << 16, 50257, 24)
+    # The weights both sides start from: fsdp-train's GPT-2 init, exported after one step.
+    subprocess.run(list(prefix) + r.train_args("gpt2", 1, batch, seq, shape + [
+        "--data", tokens, "--export-llmc", init]), env=r.env, check=True, capture_output=True,
+        timeout=900)
+    extra = shape + ["--data", tokens, "--init-from", init] + GPT2_LLMC
+    rows = []
+    for rnd in range(rounds):
+        configs = [(1, None), (1, "heap"), (1, "no_shard"), (2, None), (2, "heap"),
+                   (2, "no_shard"), (2, "full_shard")]
+        if rnd % 2:
+            configs.reverse()
+        for world, strategy in configs:
+            log(f"gpt2 {line}: round {rnd + 1}/{rounds} W={world} {strategy or 'PyTorch'}")
+            if strategy in (None, "heap"):
+                res = r.gpt2_peer(python, world, init, tokens, steps, batch, seq, prefix=prefix,
+                                  heap=strategy == "heap")
+            else:
+                res = r.fsdp("gpt2", steps, batch, seq, world, strategy, extra=extra, prefix=prefix)
+                res["losses"] = [s["loss"] for s in res["steps"]]
+                res.pop("output")
+            res.update(round=rnd, torch_line=line, world=world)
+            rows.append(res)
+    return rows
+
+
+def gpt2(r, results, quick):
+    """GPT-2 124M at llm.c's configuration (B = 4, T = 64, AdamW) against PyTorch eager on the
+    same weights and tokens, one process and W = 2; then peak RSS and sharded state per rank for
+    every strategy at W = 2 and 4 (issue 24)."""
+    shape = ["--layers", "2", "--d-model", "64", "--heads", "4"] if quick else []
+    steps, rounds = (3, 1) if quick else (5, 2)
+    batch, seq = 4, 64
+    out = {"shape": shape, "steps": steps, "rounds": rounds, "batch": batch, "seq_len": seq,
+           "rows": gpt2_line(r, (), PY, shape, steps, rounds, batch, seq, "1.13")}
+    r26, prefix = runner_26(r, quick)
+    if r26 is None:
+        out["skipped_26"] = prefix
+    else:
+        out["rows"] += gpt2_line(r26, prefix, "python3", shape, steps, 1 if quick else rounds,
+                                 batch, seq, "2.6")
+    tokens = os.path.join(r.work, "gpt2_tokens.bin")
+    memory = []
+    for world in (2, 4):
+        for s in GPT2_STRATEGIES:
+            log(f"gpt2 memory: W={world} {s}")
+            res = r.fsdp("gpt2", 3, batch, seq, world, s, extra=shape + ["--data", tokens] + GPT2_LLMC)
+            last = res["steps"][-1]
+            plan = res["plan"]
+            memory.append({"strategy": s, "world": world, "mesh": plan["mesh"],
+                           "params": plan["total_params"],
+                           "sharded_state_bytes": last["sharded_state_bytes"],
+                           "plan_sharded_bytes": plan["memory_bytes_per_rank"]["sharded"]["total"],
+                           "peak_gathered_params": plan["memory_bytes_per_rank"]["peak_gathered_params"],
+                           "peak_rss_bytes": max(st["peak_rss_bytes"] for st in res["steps"]),
+                           "command": res["command"]})
+    out["memory"] = memory
+    results["gpt2"] = out
+
+
 def checkpoint_io(r, results, quick):
     """Checkpoint I/O (issue 23): fsdp-train's sharded save (fsyncs included) and load
     (--resume with nothing left to train: the load alone, rank 0's timer) of a GPT with AdamW,
@@ -627,7 +747,8 @@ def main():
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md and docs/bench/ go")
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
     ap.add_argument("--sections",
-                    default="peers,peers26,scaling,memory,beyond,construction,checkpoint,planner")
+                    default="peers,peers26,scaling,memory,beyond,construction,checkpoint,gpt2,"
+                            "planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -654,7 +775,7 @@ def main():
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
                          ("memory", memory_headline), ("beyond", beyond_one_rank),
                          ("construction", construction_cost), ("checkpoint", checkpoint_io),
-                         ("planner", planner)):
+                         ("gpt2", gpt2), ("planner", planner)):
             if name in sections:
                 fn(r, results, args.quick)
                 save()

@@ -99,6 +99,91 @@ def planner_section(pl, cores):
     return md
 
 
+def gpt2_section(g):
+    """GPT-2 at llm.c's configuration against PyTorch eager, and memory per strategy."""
+    b, t = g["batch"], g["seq_len"]
+    name = "GPT-2 124M" if not g["shape"] else "GPT-2 " + " ".join(g["shape"])
+    md = [f"## {name} against PyTorch eager (llm.c's configuration)", "",
+          f"`--model gpt2` at llm.c's own configuration: B = {b}, T = {t}, one optimizer step per "
+          "step, AdamW 1e-4 (betas 0.9/0.999, eps 1e-8, no weight decay, no clipping), llm.c's "
+          "sequential windows of one token file. Both sides start from the same llm.c model file "
+          "(fsdp-train's GPT-2 init, exported by `--export-llmc`) and read the same tokens: "
+          "`bench/gpt2_peer.py` is GPT-2 written as a PyTorch user writes it (nn.Linear with "
+          "fused qkv, nn.LayerNorm, tanh GELU, tied head; scaled_dot_product_attention where "
+          "PyTorch has it), plain training in one process or DistributedDataParallel over Gloo "
+          f"at W = 2 (global batch {b}: {b // 2} rows per rank), run twice: as is, and with "
+          "glibc's malloc set as fsdp-train sets it by default (`--heap retain`: no mmap for "
+          "blocks under 32 MiB, no trimming; `GLIBC_TUNABLES`, README \"The CPU heap\"), so the "
+          "rows show what the heap policy is worth on its own. One thread per process. "
+          f"{g['rounds']} round(s), each running every configuration in turn (the order alternates), "
+          f"{g['steps']} steps per run, the median of steps 3..{g['steps']}. `vs PyTorch` is the "
+          "median over rounds of (this run / PyTorch at the same W in the same round); `loss` is the "
+          "largest difference of any step's loss from PyTorch's (the same work, checked).", ""]
+    for line in ("1.13", "2.6"):
+        rows = [r for r in g["rows"] if r["torch_line"] == line]
+        if not rows:
+            md += [f"PyTorch {line}: not run ({g.get('skipped_26', 'no rows')}).", ""]
+            continue
+        attention = next((r["attention"] for r in rows if r["kind"] == "pytorch"), "?")
+        md += [f"**PyTorch {line}** (the peer's attention: {attention})", "",
+               "| run | W | median s/step per round | median | tokens/s | vs PyTorch | vs PyTorch, "
+               "fsdp's heap | loss |", "|---|---|---|---|---|---|---|---|"]
+        for world in (1, 2):
+            group = [r for r in rows if r["world"] == world]
+            peer = {r["round"]: r for r in group if r["kind"] == "pytorch" and not r.get("heap")}
+            tuned = {r["round"]: r for r in group if r["kind"] == "pytorch" and r.get("heap")}
+
+            def ratio(mine, against):
+                xs = [r["median_step_s"] / against[r["round"]]["median_step_s"] for r in mine
+                      if r["round"] in against]
+                return f"{med(xs):.3f}x" if xs else "n/a"
+            labels = []
+            for r in group:
+                label = r["label"] if r["kind"] == "pytorch" else "fsdp " + r["strategy"].upper()
+                if label not in labels:
+                    labels.append(label)
+            for label in labels:
+                mine = [r for r in group if (r["label"] if r["kind"] == "pytorch"
+                                             else "fsdp " + r["strategy"].upper()) == label]
+                per_round = [r["median_step_s"] for r in mine]
+                m = med(per_round)
+                vs, vs_tuned = ratio(mine, peer), ratio(mine, tuned)
+                if mine[0]["kind"] == "pytorch":
+                    loss = "-"
+                else:
+                    diffs = [abs(a - c) for r in mine if r["round"] in peer
+                             for a, c in zip(r["losses"], peer[r["round"]]["losses"])]
+                    loss = f"{max(diffs):.1e}" if diffs else "n/a"
+                md.append(f"| {label} | {world} | {' / '.join(fmt_s(x) for x in per_round)} | "
+                          f"{fmt_s(m)} | {b * t / m:.0f} | {vs} | {vs_tuned} | {loss} |")
+        md.append("")
+    mem = g.get("memory") or []
+    if mem:
+        md += ["**Memory per rank, every strategy** (3 steps, the largest rank): sharded state "
+               "measured (`--metrics` sharded_state_bytes: parameter, gradient and AdamW shards) "
+               "against P·(4 + 4 + 8)/S for P parameters sharded over S ranks; peak RSS per rank "
+               "(the largest sample of any step) and what it holds beyond the sharded state "
+               "(gathered units, activations, libtorch and the runtime). The plan's largest "
+               "gathered moment (`--dry-run`) is shown for reference.", "",
+               "| strategy | W | mesh (R, S) | sharded state | P·16/S | ratio | gathered peak (plan) "
+               "| peak RSS | RSS - sharded |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in mem:
+            R, S = r["mesh"]
+            formula = r["params"] * 16 / S
+            md.append(f"| {r['strategy']} | {r['world']} | ({R}, {S}) | "
+                      f"{fmt_b(r['sharded_state_bytes'])} | {fmt_b(formula)} | "
+                      f"{r['sharded_state_bytes'] / formula:.4f} | "
+                      f"{fmt_b(r['peak_gathered_params'] * 4)} | {fmt_b(r['peak_rss_bytes'])} | "
+                      f"{fmt_b(r['peak_rss_bytes'] - r['sharded_state_bytes'])} |")
+        md.append("")
+    cmd = next((r["command"] for r in g["rows"] if r["kind"] == "fsdp"), "")
+    peer = next((r["command"] for r in g["rows"] if r["kind"] == "pytorch"), "")
+    md += [f"Rerun: `bench/bench.py --sections gpt2 --merge` (fsdp: `{cmd}`; PyTorch: "
+           f"`{peer}`; the token file is {1 << 16} pseudo-random ids, the model file "
+           "fsdp-train's `--export-llmc` after one step).", ""]
+    return md
+
+
 def label_of(r):
     if r["kind"] == "ddp":
         return "PyTorch DDP"
@@ -487,6 +572,8 @@ def main():
         md += [f"Rerun: `bench/bench.py --sections checkpoint --merge` (one save: "
                f"`{ck['command']}`; `bench/checkpoint_io.sh` and `bench/async_checkpoint.sh` are "
                "the same measurements as shell scripts).", ""]
+    if res.get("gpt2"):
+        md += gpt2_section(res["gpt2"])
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",

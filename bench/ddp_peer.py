@@ -14,13 +14,14 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+import peer_ranks
 
 PRESETS = {  # name: (d_model, layers, heads, context), as in tools/fsdp-train/options.cpp
     "tiny": (64, 2, 4, 64),
@@ -103,20 +104,12 @@ def main():
     args = ap.parse_args()
     d, layers, heads, context = PRESETS[args.model]
     args.shape = (args.d_model or d, args.layers or layers, args.heads or heads, context)
-    if args.no_ddp:
-        assert args.nproc == 1, "--no-ddp runs one process"
-        worker(0, args, None)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.multiprocessing.spawn(worker, args=(args, os.path.join(tmp, "store")),
-                                    nprocs=args.nproc)
+    assert args.nproc == 1 or not args.no_ddp, "--no-ddp runs one process"
+    peer_ranks.start(worker, args, args.nproc, plain=args.no_ddp)
 
 
 def worker(rank, args, store_path):
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if store_path:
-        dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
-                                world_size=args.nproc)
+    peer_ranks.join(rank, args.nproc, store_path)
     world = args.nproc
     torch.manual_seed(1234)
     model = GPT(*args.shape)
