@@ -227,6 +227,8 @@ def runner_26(r, quick):
     if not getattr(r, "built_26", False):
         log("building fsdp-train against libtorch 2.6 in", build26)
         subprocess.run([CHROOT_SCRIPT, "run", "bash", "-c",
+                        # clang where the chroot has it, as `make` builds by default.
+                        'if command -v clang++ >/dev/null; then export CC=clang CXX=clang++; fi; '
                         'cmake -S "$2" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && '
                         'cmake --build "$1" --target fsdp-train >/dev/null', "_", build26, ROOT],
                        check=True)
