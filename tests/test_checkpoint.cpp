@@ -8,11 +8,13 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <zlib.h>
 
+#include "checkpoint/crc32c.h"
 #include "compat.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
@@ -510,6 +512,57 @@ TEST_F(BadCheckpoint, OffsetsBeyondTheFileAreRejected) {
   const std::string dir2 = copy();
   edit_meta(dir2, [](nlohmann::json& j) { j["files"][0]["name"] = "../../etc/passwd"; });
   load_on_two(dir2, "lists an invalid file");
+}
+
+// A checkpoint saved on GPUs holds each rank's CUDA generator after its CPU one in rng.bin
+// (cuda_bytes_per_rank). Made here from the good one by appending 16 bytes to each record: on
+// CPU it restores the CPU generator exactly as the original does and reports the CUDA one not
+// restored; a CUDA part as large as the record is refused.
+TEST_F(BadCheckpoint, GpuGeneratorStatesLoadOnCpu) {
+  const std::string gpu = copy();
+  int64_t cpu_bytes = 0, world = 0;
+  edit_meta(gpu, [&](nlohmann::json& j) {
+    cpu_bytes = j["rng"]["bytes_per_rank"].get<int64_t>();
+    world = j["rng"]["world_size"].get<int64_t>();
+    EXPECT_EQ(j["rng"]["cuda_bytes_per_rank"], 0);
+  });
+  std::string records;
+  {
+    std::ifstream in(gpu + "/rng.bin", std::ios::binary);
+    const std::string all(std::istreambuf_iterator<char>(in), {});
+    ASSERT_EQ(static_cast<int64_t>(all.size()), cpu_bytes * world);
+    for (int64_t r = 0; r < world; ++r) {
+      records += all.substr(static_cast<size_t>(r * cpu_bytes), static_cast<size_t>(cpu_bytes));
+      records += std::string(16, static_cast<char>(0x40 + r));  // a CUDA generator's 16 bytes
+    }
+    std::ofstream(gpu + "/rng.bin", std::ios::binary | std::ios::trunc) << records;
+  }
+  edit_meta(gpu, [&](nlohmann::json& j) {
+    j["rng"]["bytes_per_rank"] = cpu_bytes + 16;
+    j["rng"]["cuda_bytes_per_rank"] = 16;
+    for (auto& f : j["files"]) {
+      if (f["name"] != "rng.bin") continue;
+      f["bytes"] = records.size();
+      f["crc32c"] = fsdp::detail::crc32c(records.data(), static_cast<int64_t>(records.size()));
+    }
+  });
+  std::map<std::string, double> drawn;  // checkpoint -> rank 0's first draw after the load
+  for (const std::string& dir : {*tmp_ / "good", gpu}) {
+    run_ranks(2, [&](Runtime& rt) {
+      auto model = shard(make_net(), strategy(ShardingStrategy::kFullShard, {2}), borrow(rt));
+      auto opt = make_adamw(model);
+      if (rt.rank() == 0) torch::manual_seed(99);  // somewhere else first
+      rt.world()->barrier();
+      const auto info = load_checkpoint(dir, model, &opt);
+      EXPECT_TRUE(info.rng_restored);
+      EXPECT_FALSE(info.cuda_rng_restored);
+      rt.world()->barrier();  // ranks are threads sharing one CPU generator: rank 0 draws
+      if (rt.rank() == 0) drawn[dir] = torch::rand({1}).item<double>();
+    });
+  }
+  EXPECT_EQ(drawn.at(gpu), drawn.at(*tmp_ / "good"));
+  edit_meta(gpu, [&](nlohmann::json& j) { j["rng"]["cuda_bytes_per_rank"] = cpu_bytes + 16; });
+  load_on_two(gpu, "rng sizes are inconsistent");
 }
 
 TEST_F(BadCheckpoint, InvalidJson) {

@@ -2,6 +2,7 @@
 // reference, hardware and portable paths alike, at unaligned starts and every small length.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "checkpoint/crc32c.h"
 
 using fsdp::detail::crc32c;
+using fsdp::detail::crc32c_combine;
 using fsdp::detail::crc32c_portable;
 
 namespace {
@@ -55,6 +57,33 @@ TEST(Crc32c, ContinuesAcrossCalls) {
     EXPECT_EQ(crc32c(buf.data() + cut, 1000 - cut, crc32c(buf.data(), cut)), whole) << cut;
     EXPECT_EQ(crc32c_portable(buf.data() + cut, 1000 - cut, crc32c_portable(buf.data(), cut)), whole);
   }
+}
+
+// A file's checksum from its chunks' (save.cpp): every cut of random data into pieces, empty
+// ones included, combines to the checksum of the whole; so does a long run of zeros, whose
+// length exercises the high powers of x.
+TEST(Crc32c, CombineEqualsTheWhole) {
+  std::mt19937 rng(5);
+  std::vector<uint8_t> buf((1 << 20) + 77);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  const auto n = static_cast<int64_t>(buf.size());
+  const uint32_t whole = crc32c(buf.data(), n);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int64_t> cuts{0, n};
+    for (int k = 0; k < trial % 6; ++k) cuts.push_back(static_cast<int64_t>(rng() % (n + 1)));
+    if (trial % 7 == 0) cuts.push_back(cuts.back());  // an empty piece
+    std::sort(cuts.begin(), cuts.end());
+    uint32_t combined = 0;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const int64_t len = cuts[i + 1] - cuts[i];
+      combined = crc32c_combine(combined, crc32c(buf.data() + cuts[i], len), len);
+    }
+    EXPECT_EQ(combined, whole) << "trial " << trial;
+  }
+  EXPECT_EQ(crc32c_combine(whole, 0, 0), whole);
+  const std::vector<uint8_t> zeros(3 << 20, 0);
+  const uint32_t z = crc32c(zeros.data(), 1 << 20);
+  EXPECT_EQ(crc32c_combine(crc32c_combine(z, z, 1 << 20), z, 1 << 20), crc32c(zeros.data(), 3 << 20));
 }
 
 TEST(Crc32c, LargeBuffersAgree) {

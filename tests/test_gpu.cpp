@@ -1,6 +1,7 @@
 // GPU tests: NCCL's flat collectives through our Group, the engine on CUDA tensors against
-// single-process training (every mesh the visible GPUs allow), bf16 on GPU, and the CUDA caching
-// allocator's peak against the sharded formula. They run where this libtorch has CUDA and a GPU
+// single-process training (every mesh the visible GPUs allow), bf16 on GPU, a checkpoint's save
+// and load with every rank's CUDA generator, and the CUDA caching allocator's peak against the
+// sharded formula. They run where this libtorch has CUDA and a GPU
 // is visible (scripts/gpu-check.sh) and skip with the reason elsewhere; scripts/cuda-check.sh
 // compiles them against Debian's CUDA libtorch, where no GPU is visible.
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 
 #include "c10d_group.h"
 #include "compat.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/sharded.h"
 #include "models.h"
@@ -264,6 +266,34 @@ TEST(Gpu, MixedPrecisionBf16) {
   REQUIRE_GPUS(1);
   const int64_t W = std::min<int64_t>(visible_gpus(), 2);
   train_on_gpus({W}, ShardingStrategy::kFullShard, MixedPrecision::bf16(), 4e-3, 2e-2, "bf16");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints on GPUs: the save's commit exchanges checksums and generator states through NCCL
+// (on the runtime's device), and each rank's CUDA generator is saved and restored with the CPU
+// one: after a load a rank draws what it drew after the save.
+
+TEST(Gpu, CheckpointRestoresEachRanksCudaGenerator) {
+  REQUIRE_GPUS(1);
+  const int64_t W = std::min<int64_t>(visible_gpus(), 2);
+  TempDir dir;
+  run_ranks(
+      W,
+      [&](Runtime& rt) {
+        const auto on = torch::TensorOptions().device(rt.device());
+        auto model = shard(std::make_shared<NetImpl>(kVocab, 16, 2, kClasses),
+                           FSDPStrategy().device_mesh({W}).backend(Backend::kNccl), borrow(rt));
+        torch::optim::AdamW opt(model.parameters(), 1e-3);
+        torch::rand({rt.rank() + 3}, on);  // each device's generator somewhere of its own
+        save_checkpoint(dir / "ck", model, &opt);
+        const auto after_save = torch::rand({8}, on).cpu();
+        torch::rand({5}, on);
+        const auto info = load_checkpoint(dir / "ck", model, &opt);
+        EXPECT_TRUE(info.rng_restored);
+        EXPECT_TRUE(info.cuda_rng_restored);
+        EXPECT_TRUE(torch::equal(torch::rand({8}, on).cpu(), after_save)) << "rank " << rt.rank();
+      },
+      0, std::chrono::seconds(120), CollectiveAlgorithm::kAuto, Backend::kNccl);
 }
 
 // ---------------------------------------------------------------------------------------------

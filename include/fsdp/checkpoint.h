@@ -26,7 +26,8 @@
 //   shard-<s>.bin  raw little-endian data written by the replica-0 member of shard index s:
 //                  for each unit, the part of every parameter (and of every optimizer state
 //                  tensor of that parameter) that falls in the rank's flat shard, padding left out
-//   rng.bin        every rank's libtorch CPU generator state (rank 0 writes it)
+//   rng.bin        every rank's libtorch CPU generator state, followed on GPUs by its device's
+//                  CUDA generator state (rank 0 writes it)
 //   meta.json      written last: format version, strategy, mesh, world size, the caller's state,
 //                  the optimizer's type and learning rates, and for every tensor (parameters,
 //                  buffers, optimizer state per original parameter name) its shape, dtype and
@@ -63,8 +64,10 @@ struct TrainingState {
 };
 
 struct CheckpointOptions {
-  // Save every rank's libtorch CPU generator, and restore it on load when the world size is
-  // unchanged (with another world size generators are left as they are). Default true.
+  // Save every rank's libtorch CPU generator (and, on a GPU, its device's CUDA generator), and
+  // restore them on load when the world size is unchanged (with another world size generators
+  // are left as they are; a GPU checkpoint loaded on CPU restores the CPU generators, a CPU one
+  // loaded on GPUs leaves the CUDA generators as they are). Default true.
   bool rng = true;
 };
 
@@ -74,7 +77,8 @@ struct CheckpointInfo {
   int64_t bytes = 0;        // save: bytes in the checkpoint; load: bytes this rank read
   double seconds = 0;       // wall time of the call on this rank
   int64_t files = 0;        // files in the checkpoint
-  bool rng_restored = false;
+  bool rng_restored = false;       // load: the CPU generator
+  bool cuda_rng_restored = false;  // load: this rank's CUDA generator too
 };
 
 // Writes a sharded checkpoint of `model`, `optimizer` (may be null) and `state` to directory

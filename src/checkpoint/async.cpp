@@ -24,7 +24,7 @@ using detail::OptimizerKind;
 using detail::PendingSave;
 using detail::prepare_save;
 using detail::world_sum;
-using detail::write_shard_file;
+using detail::write_shard_image;
 
 struct AsyncCheckpointer::Impl {
   std::optional<PendingSave> pending;
@@ -65,13 +65,18 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   // Stage this rank's file, laid out as on disk, so the writer needs nothing else.
   const std::vector<int64_t> mine = my_chunks(p);
   const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
-  if (!m.staging.defined() || m.staging.numel() < bytes) {
-    detail::add_checkpoint_staging_bytes(bytes - m.staging_bytes());
-    m.staging = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(
-                                       p.rt->device().is_cuda()));
+  // Whole blocks, aligned, so the writer can bypass the page cache (NOTE [direct writes]).
+  constexpr int64_t kAlign = detail::kDirectAlign;
+  const int64_t whole = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (!m.staging.defined() || m.staging.numel() < whole) {
+    detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
+    m.staging = p.rt->device().is_cuda()
+                    ? at::empty({whole}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))
+                    : detail::empty_mapped(whole, at::kByte);
   }
   const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
   auto* base = m.staging.data_ptr<uint8_t>();
+  std::memset(base + bytes, 0, static_cast<size_t>(whole - bytes));  // no stale bytes on disk
   for (int64_t i : mine) {
     const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
     at::Tensor src = chunk_data(ch, p.layout, *p.engine, optimizer, kind);
@@ -83,9 +88,7 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   m.writer = std::thread([&m, base] {
     // Below the training threads: the write waits for the disk, not for the CPU.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-    m.write_error = write_shard_file(*m.pending, [&](int64_t i) -> const void* {
-      return base + m.pending->layout.chunks[static_cast<size_t>(i)].offset;
-    });
+    m.write_error = write_shard_image(*m.pending, base);
     m.written = true;
   });
   m.last_blocked = seconds_since(t0);

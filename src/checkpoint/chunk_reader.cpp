@@ -3,12 +3,9 @@
 #include "checkpoint/chunk_reader.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "fsdp/error.h"
 
@@ -29,34 +26,17 @@ namespace fsdp::detail {
 //     right after it is read, while it is in the cache;
 //   - destinations are new tensors (the model changes only once every rank has read everything),
 //     and first touches of new memory were most of a load's time in this VM (perf of a W = 1 load:
-//     exc_page_fault under pread's copy, 20% of all samples). empty_for_load maps them up front:
-//     2 MiB-aligned, MADV_HUGEPAGE (512x fewer pages where transparent huge pages are enabled or
-//     madvise), MADV_POPULATE_WRITE (Linux 5.14+: all pages in one call). Either hint may be
-//     refused; the reads then fault as before. Measured (medium GPT, 295 MiB, W = 1, warm): the
-//     read itself 0.05 s, mapping the new memory 0.3-0.8 s — this VM's cost of memory the guest
-//     never touched before, which any loader pays (bench "Checkpoint I/O" reports it next to
-//     the load).
+//     exc_page_fault under pread's copy, 20% of all samples). empty_mapped (checkpoint/common.h)
+//     maps them up front: 2 MiB-aligned, MADV_HUGEPAGE (512x fewer pages where transparent huge
+//     pages are enabled or madvise), MADV_POPULATE_WRITE (Linux 5.14+: all pages in one call).
+//     Either hint may be refused; the reads then fault as before. Measured (medium GPT, 295 MiB,
+//     W = 1, warm): the read itself 0.05 s, mapping the new memory 0.3-0.8 s — this VM's cost of
+//     memory the guest never touched before, which any loader pays (bench "Checkpoint I/O"
+//     reports it next to the load).
 // A chunk nobody wants is not read at all (a rank of a bigger mesh reads only its part).
 namespace {
 constexpr int64_t kPiece = int64_t(4) << 20;
-constexpr size_t kHugePage = size_t(2) << 20;
 }  // namespace
-
-at::Tensor empty_for_load(int64_t numel, at::ScalarType dtype) {
-  const auto options = at::TensorOptions().dtype(dtype);
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  if (bytes < kHugePage) return at::empty({numel}, options);
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = nullptr;
-  if (::posix_memalign(&p, kHugePage, rounded) != 0) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-  (void)::madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-#ifdef MADV_POPULATE_WRITE
-  (void)::madvise(p, rounded, MADV_POPULATE_WRITE);
-#endif
-  return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
-}
 
 ChunkReader::ChunkReader(const Meta& m) : m_(m), wants_(m.entries.size()) {}
 

@@ -18,11 +18,6 @@
 
 namespace fsdp::detail {
 
-// A new contiguous CPU tensor of `numel` elements of `dtype` for a loader to read into, its
-// pages mapped up front (NOTE [one-pass load]: 2 MiB pages where the kernel allows, populated
-// with one call instead of a page fault per 4 KiB). Contents are unspecified.
-at::Tensor empty_for_load(int64_t numel, at::ScalarType dtype);
-
 class ChunkReader {
  public:
   explicit ChunkReader(const Meta& m);

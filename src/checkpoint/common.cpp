@@ -2,8 +2,13 @@
 #include "checkpoint/common.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
+#include <sys/mman.h>
+
+#include <cstdlib>
 #include <mutex>
+#include <new>
 
 namespace fsdp::detail {
 
@@ -32,16 +37,64 @@ std::string capture(const std::function<void()>& fn) {
   }
 }
 
-at::Tensor cpu_rng_state() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+namespace {
+constexpr size_t kHugePage = size_t(2) << 20;
+}  // namespace
+
+at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes < kHugePage) return at::empty({numel}, options);
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = nullptr;
+  if (::posix_memalign(&p, kHugePage, rounded) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  (void)::madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+#ifdef MADV_POPULATE_WRITE
+  (void)::madvise(p, rounded, MADV_POPULATE_WRITE);
+#endif
+  return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+namespace {
+
+// The generator `rng_state` saves for `device`: the CPU one, or a CUDA device's default one (the
+// CUDA hooks throw in a libtorch without CUDA; a CUDA runtime never exists there).
+at::Generator generator_of(const at::Device& device) {
+  return device.is_cuda() ? at::globalContext().defaultGenerator(device)
+                          : at::detail::getDefaultCPUGenerator();
+}
+
+at::Tensor state_of(const at::Device& device) {
+  at::Generator gen = generator_of(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state().contiguous();
+}
+
+void restore(const at::Device& device, const at::Tensor& state) {
+  at::Generator gen = generator_of(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+}  // namespace
+
+at::Tensor rng_state(const at::Device& device, int64_t* cuda_bytes) {
+  const at::Tensor cpu = state_of(at::kCPU);
+  *cuda_bytes = 0;
+  if (!device.is_cuda()) return cpu.clone();
+  const at::Tensor cuda = state_of(device);
+  *cuda_bytes = cuda.numel();
+  return at::cat({cpu, cuda});
+}
+
+bool set_rng_state(const at::Tensor& state, int64_t cuda_bytes, const at::Device& device) {
+  const int64_t cpu_bytes = state.numel() - cuda_bytes;
+  restore(at::kCPU, state.narrow(0, 0, cpu_bytes).clone());
+  if (cuda_bytes == 0 || !device.is_cuda()) return false;
+  restore(device, state.narrow(0, cpu_bytes, cuda_bytes).clone());
+  return true;
 }
 
 }  // namespace fsdp::detail

@@ -40,9 +40,21 @@ std::string join_problems(const std::vector<std::string>& problems);
 // Runs `fn` and turns its exception into a message ("" on success).
 std::string capture(const std::function<void()>& fn);
 
-// The libtorch CPU generator's state, and setting it (under the generator's lock).
-at::Tensor cpu_rng_state();
-void set_cpu_rng_state(const at::Tensor& state);
+// A new contiguous CPU tensor of `numel` elements of `dtype` for a loader to read into or a save
+// to stage in, its pages mapped up front (NOTE [one-pass load] in chunk_reader.cpp: 2 MiB pages
+// where the kernel allows, populated with one call instead of a page fault per 4 KiB); from 2 MiB
+// on it starts at a 2 MiB boundary (so at kDirectAlign). Contents are unspecified.
+at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype);
+
+// This rank's generator states as one byte record: the libtorch CPU generator's, then, when
+// `device` is a CUDA device, that device's default CUDA generator's (its last `*cuda_bytes`
+// bytes; 0 on CPU). Read under each generator's lock.
+at::Tensor rng_state(const at::Device& device, int64_t* cuda_bytes);
+
+// Restores a record of rng_state: the CPU generator always; the CUDA generator of `device` when
+// the record has one (`cuda_bytes` > 0) and `device` is a CUDA device. Returns whether the CUDA
+// generator was restored.
+bool set_rng_state(const at::Tensor& state, int64_t cuda_bytes, const at::Device& device);
 
 }  // namespace fsdp::detail
 
@@ -74,10 +86,10 @@ using detail::capture;
 using detail::checksum_key;
 using detail::checksum_name;
 using detail::format_checksum;
-using detail::cpu_rng_state;
 using detail::join_problems;
+using detail::rng_state;
 using detail::seconds_since;
-using detail::set_cpu_rng_state;
+using detail::set_rng_state;
 using detail::shape_text;
 namespace fs = std::filesystem;
 

@@ -10,6 +10,10 @@ namespace fsdp::detail {
 // crc32c(b, nb, crc32c(a, na)) == crc32c(a ++ b). Uses the fastest implementation this CPU runs.
 uint32_t crc32c(const void* data, int64_t n, uint32_t crc = 0);
 
+// The CRC-32C of A ++ B from crc32c(A), crc32c(B) and B's length n_b >= 0, without the bytes
+// (NOTE [CRC combine] in crc32c.cpp): a file's checksum from its chunks' checksums.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, int64_t n_b);
+
 // The same checksum from the portable slicing-by-8 implementation (tests compare the two).
 uint32_t crc32c_portable(const void* data, int64_t n, uint32_t crc = 0);
 

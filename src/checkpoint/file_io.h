@@ -17,12 +17,20 @@ namespace fsdp::detail {
 // strerror(errno), read at the call.
 std::string errno_text();
 
+// Alignment of the memory, offsets and lengths of File::write_direct.
+constexpr int64_t kDirectAlign = 4096;
+
 // An open file descriptor (RAII). Every failure throws fsdp::Error naming the path.
 class File {
  public:
   File(const std::string& path, int flags, mode_t mode = 0644);
 
   void write(const void* data, int64_t n);
+  // Writes n bytes at the start of this empty file bypassing the page cache (O_DIRECT) where
+  // the file system allows it and `data` is aligned to kDirectAlign, whose bytes up to n rounded
+  // up to kDirectAlign must be readable (they are written, then cut off); an ordinary write()
+  // otherwise (NOTE [direct writes] in file_io.cpp).
+  void write_direct(const void* data, int64_t n);
   // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").
   void read_at(void* data, int64_t n, int64_t offset) const;
   // Asks the kernel to start reading [offset, offset + n) into the page cache now (a hint:

@@ -102,7 +102,7 @@ CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model
       return flat;
     };
     for (const auto& u : flats) {
-      shards.push_back(want_flat(u, detail::empty_for_load(u.shard_numel, at::kFloat), [&](const auto& slot) {
+      shards.push_back(want_flat(u, detail::empty_mapped(u.shard_numel, at::kFloat), [&](const auto& slot) {
         return entry_of.at("param/" + slot.name);
       }));
     }
@@ -129,7 +129,7 @@ CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model
             };
             bool any = false;
             for (const auto& slot : u.params) any = any || entry_for(slot) >= 0;
-            if (any) flat_fields[f] = want_flat(u, detail::empty_for_load(u.shard_numel, at::kFloat), entry_for);
+            if (any) flat_fields[f] = want_flat(u, detail::empty_mapped(u.shard_numel, at::kFloat), entry_for);
           }
         }
         states.push_back(std::move(st));
@@ -138,7 +138,7 @@ CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model
     }
     for (const auto& b : e.root_module().named_buffers()) {
       const TensorEntry& t = m.entries[entry_of.at("buffer/" + b.key())];
-      at::Tensor v = detail::empty_for_load(t.numel, t.dtype);
+      at::Tensor v = detail::empty_mapped(t.numel, t.dtype);
       reader.want(entry_of.at("buffer/" + b.key()), 0, t.numel, v);
       buffers.emplace_back(b.key(), v.view(t.shape));
     }
@@ -188,7 +188,7 @@ CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model
     }
   }
   if (rng.defined()) {
-    err = capture([&] { set_cpu_rng_state(rng); });
+    err = capture([&] { info.cuda_rng_restored = set_rng_state(rng, m.rng_cuda_bytes, rt.device()); });
     rt.check_all_ok(what + " (restoring the RNG: saved by another libtorch?)", err);
     info.rng_restored = true;
   }

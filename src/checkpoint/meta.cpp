@@ -186,7 +186,8 @@ void parse_tensor(const json& t, const std::string& where,
   m.entries.push_back(std::move(e));
 }
 
-// The optional RNG file: one record of bytes_per_rank for each of world_size ranks.
+// The optional RNG file: one record of bytes_per_rank for each of world_size ranks, whose last
+// cuda_bytes_per_rank bytes (absent: 0) are the rank's CUDA generator state.
 void parse_rng(const json& j, const std::string& where,
                const std::map<std::string, int64_t>& file_index, Meta& m) {
   if (!j.contains("rng") || j.at("rng").is_null()) return;
@@ -196,8 +197,12 @@ void parse_rng(const json& j, const std::string& where,
   m.rng_file = file_index.at(file);
   m.rng_world = get_field<int64_t>(r, "world_size", where + " rng");
   m.rng_bytes = get_field<int64_t>(r, "bytes_per_rank", where + " rng");
+  if (r.contains("cuda_bytes_per_rank")) {
+    m.rng_cuda_bytes = get_field<int64_t>(r, "cuda_bytes_per_rank", where + " rng");
+  }
   FSDP_CHECK(m.rng_world >= 1 && m.rng_world <= kMaxRngWorld && m.rng_bytes >= 1 &&
-                 m.rng_bytes <= (1 << 20) &&
+                 m.rng_bytes <= (1 << 20) && m.rng_cuda_bytes >= 0 &&
+                 m.rng_cuda_bytes < m.rng_bytes &&
                  m.rng_world * m.rng_bytes == m.files[static_cast<size_t>(m.rng_file)].bytes,
              where, " rng sizes are inconsistent; the file is corrupted");
 }

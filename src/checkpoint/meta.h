@@ -90,6 +90,7 @@ struct Meta {
   std::vector<FileEntry> files;
   int64_t rng_file = -1;  // index into files
   int64_t rng_world = 0, rng_bytes = 0;
+  int64_t rng_cuda_bytes = 0;  // the CUDA generator's part at the end of each record
 };
 
 using json = nlohmann::ordered_json;

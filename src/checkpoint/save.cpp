@@ -2,6 +2,7 @@
 // [checkpoint format] in fsdp/checkpoint.h).
 #include <sys/stat.h>
 
+#include "checkpoint/crc32c.h"
 #include "checkpoint/save_phases.h"
 #include "fsdp/runtime.h"
 
@@ -53,7 +54,7 @@ PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
   p.writer = e.replicate_group()->rank() == 0;
   const auto chunks = static_cast<int64_t>(p.layout.chunks.size());
   p.crcs = at::zeros({chunks + e.shard_group()->size()}, at::TensorOptions().dtype(at::kLong));
-  if (options.rng) p.rng = cpu_rng_state().contiguous().clone();
+  if (options.rng) p.rng = rng_state(rt.device(), &p.rng_cuda_bytes);
   return p;
 }
 
@@ -69,26 +70,64 @@ std::vector<int64_t> my_chunks(const PendingSave& p) {
 // 2. The writer of each shard index writes its file from `bytes(chunk)` (the chunk's data,
 // layout.chunks[chunk] long) and fsyncs it. Local: no collective, no model access unless
 // `bytes` reads the model. Returns "" or the error message.
+namespace {
+
+void check_sees_partial(const PendingSave& p) {
+  struct stat st {};
+  FSDP_CHECK(::stat(p.partial.c_str(), &st) == 0, "rank ", p.rt->rank(), " cannot see '",
+             p.partial, "', which rank 0 created; every rank must see the same checkpoint "
+             "directory (use a shared filesystem on several nodes)");
+}
+
+// Records chunk `i`'s CRC (n bytes at `data`) and continues the file's from it: each byte is
+// checksummed once (NOTE [CRC combine] in checkpoint/crc32c.cpp).
+void record_crc(PendingSave& p, int64_t i, const void* data, int64_t n, uint32_t& file_crc) {
+  static_assert(kCheckpointFormatVersion == 2, "format 2 checksums are CRC-32C");
+  const uint32_t crc = crc32c(data, n);
+  p.crcs.data_ptr<int64_t>()[i] = crc;
+  file_crc = crc32c_combine(file_crc, crc, n);
+}
+
+void record_file_crc(PendingSave& p, uint32_t file_crc) {
+  p.crcs.data_ptr<int64_t>()[static_cast<int64_t>(p.layout.chunks.size()) + p.s_index] = file_crc;
+}
+
+}  // namespace
+
 std::string write_shard_file(PendingSave& p,
                              const std::function<const void*(int64_t chunk)>& bytes) {
   return capture([&] {
-    struct stat st {};
-    FSDP_CHECK(::stat(p.partial.c_str(), &st) == 0, "rank ", p.rt->rank(), " cannot see '",
-               p.partial, "', which rank 0 created; every rank must see the same checkpoint "
-               "directory (use a shared filesystem on several nodes)");
+    check_sees_partial(p);
     if (!p.writer) return;
     File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
-    auto* c = p.crcs.data_ptr<int64_t>();
     uint32_t file_crc = 0;
+    for (int64_t i : my_chunks(p)) {
+      const int64_t n = chunk_bytes(p.layout.chunks[static_cast<size_t>(i)], p.layout);
+      const void* data = bytes(i);
+      record_crc(p, i, data, n, file_crc);
+      f.write(data, n);
+    }
+    record_file_crc(p, file_crc);
+    f.sync_and_close();
+  });
+}
+
+std::string write_shard_image(PendingSave& p, const uint8_t* image) {
+  return capture([&] {
+    check_sees_partial(p);
+    if (!p.writer) return;
+    uint32_t file_crc = 0;
+    int64_t end = 0;
     for (int64_t i : my_chunks(p)) {
       const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
       const int64_t n = chunk_bytes(ch, p.layout);
-      const void* data = bytes(i);
-      c[i] = format_checksum(kCheckpointFormatVersion, data, n);
-      file_crc = format_checksum(kCheckpointFormatVersion, data, n, file_crc);
-      f.write(data, n);
+      TORCH_INTERNAL_ASSERT(ch.offset == end, "chunks of a shard file lie back to back");
+      record_crc(p, i, image + ch.offset, n, file_crc);
+      end += n;
     }
-    c[static_cast<int64_t>(p.layout.chunks.size()) + p.s_index] = file_crc;
+    record_file_crc(p, file_crc);
+    File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
+    f.write_direct(image, end);
     f.sync_and_close();
   });
 }
@@ -139,7 +178,8 @@ json save_meta(const PendingSave& p, const at::Tensor& crcs, const at::Tensor& r
     jfiles.push_back({{"name", "rng.bin"}, {"bytes", n}, {checksum_key(kCheckpointFormatVersion),
                       format_checksum(kCheckpointFormatVersion, rng.data_ptr(), n)}});
     meta["rng"] = {{"file", "rng.bin"}, {"world_size", rt.world_size()},
-                   {"bytes_per_rank", n / rt.world_size()}};
+                   {"bytes_per_rank", n / rt.world_size()},
+                   {"cuda_bytes_per_rank", p.rng_cuda_bytes}};
     total_bytes += n;
   } else {
     meta["rng"] = nullptr;

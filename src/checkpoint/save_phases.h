@@ -26,7 +26,8 @@ struct PendingSave {
   int64_t s_index = 0;
   bool writer = false;
   at::Tensor crcs;  // per chunk its CRC, then per file its CRC (summed over ranks at commit)
-  at::Tensor rng;   // this rank's generator state at the save
+  at::Tensor rng;   // this rank's generator states at the save (checkpoint/common.h rng_state)
+  int64_t rng_cuda_bytes = 0;  // of which the CUDA generator's (its last bytes)
   std::chrono::steady_clock::time_point t0;
 };
 
@@ -45,6 +46,12 @@ std::vector<int64_t> my_chunks(const PendingSave& p);
 // unless `bytes` reads the model. Returns "" or the error message.
 std::string write_shard_file(PendingSave& p,
                              const std::function<const void*(int64_t chunk)>& bytes);
+
+// 2, from an image of the file (AsyncCheckpointer's staging buffer: every chunk at its offset,
+// aligned to kDirectAlign and readable up to the file's size rounded up to kDirectAlign): the
+// CRCs come from the image and the file is written without the page cache where the file
+// system allows (File::write_direct). Returns "" or the error message.
+std::string write_shard_image(PendingSave& p, const uint8_t* image);
 
 // 3 and 4. Every rank reports how its write went (a failure anywhere stops the save on every
 // rank); the CRCs and every rank's RNG state are collected; rank 0 writes rng.bin and meta.json
