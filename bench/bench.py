@@ -656,6 +656,33 @@ def gpt2(r, results, quick):
     results["gpt2"] = out
 
 
+def _copy_rounds(nbytes, barrier, rounds, out):
+    src, dst = bytearray(b"x") * nbytes, bytearray(b"y") * nbytes  # both touched before timing
+    for i in range(rounds):
+        barrier.wait()
+        t = time.perf_counter()
+        dst[:] = src
+        out.put((i, time.perf_counter() - t))
+
+
+def memcpy_seconds(nbytes, procs, rounds=5):
+    """Per round, the slowest of `procs` processes each copying `nbytes` between touched buffers
+    at the same moment: what `procs` ranks staging at once can do on this machine."""
+    import multiprocessing as mp
+    barrier, out = mp.Barrier(procs), mp.Queue()
+    workers = [mp.Process(target=_copy_rounds, args=(nbytes, barrier, rounds, out))
+               for _ in range(procs)]
+    for w in workers:
+        w.start()
+    slowest = [0.0] * rounds
+    for _ in range(procs * rounds):
+        i, t = out.get(timeout=300)
+        slowest[i] = max(slowest[i], t)
+    for w in workers:
+        w.join()
+    return slowest
+
+
 def checkpoint_io(r, results, quick):
     """Checkpoint I/O (issue 23): fsdp-train's sharded save (fsyncs included) and load
     (--resume with nothing left to train: the load alone, rank 0's timer) of a GPT with AdamW,
@@ -722,15 +749,13 @@ def checkpoint_io(r, results, quick):
                if "checkpoint_blocked_s" in m and m["step"] > every]
     staging = re.search(r"staging buffer ([0-9.]+) ([KMG])iB", run["output"])
     staging_bytes = int(float(staging.group(1)) * {"K": 2**10, "M": 2**20, "G": 2**30}[staging.group(2)])
-    src, dst = bytearray(b"x") * staging_bytes, bytearray(b"y") * staging_bytes
-    copies = []
-    for _ in range(5):
-        t = time.perf_counter()
-        dst[:] = src
-        copies.append(time.perf_counter() - t)
+    copies = memcpy_seconds(staging_bytes, 1)
+    together = memcpy_seconds(staging_bytes, world)
     during = [m["step_time_s"] for m in run["steps"] if m["step"] > every and (m["step"] - 1) % every == 0]
     io["async"] = {"blocked_s": median(blocked), "staging_bytes": staging_bytes,
                    "memcpy_s": min(copies), "blocked_ratio": median(blocked) / min(copies),
+                   "memcpy_together_s": min(together),
+                   "blocked_ratio_together": median(blocked) / min(together),
                    "step_during_save_s": median(during), "step_plain_s": plain["median_step_s"],
                    "slowdown": median(during) / plain["median_step_s"] - 1,
                    "steps": steps, "every": every, "command": run["command"]}
