@@ -26,7 +26,7 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
   memory   under a per-rank memory cap (a memory cgroup per rank: the kernel kills a rank that
            exceeds it), the largest GPT each strategy trains at W = 4 (--layers varied).
 
-    /usr/bin/python3 bench/bench.py --build build            # ~15 min: BENCHMARKS.md, docs/bench/
+    /usr/bin/python3 bench/bench.py --build build            # ~1.5 h: BENCHMARKS.md, docs/bench/
     /usr/bin/python3 bench/bench.py --build build --quick --out /tmp/b   # one tiny configuration
 
 A benchmark, not a test: it asserts nothing about speed; it prints and writes what it measured.
