@@ -76,7 +76,8 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   }
   const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
   auto* base = m.staging.data_ptr<uint8_t>();
-  std::memset(base + bytes, 0, static_cast<size_t>(whole - bytes));  // no stale bytes on disk
+  // The tail up to the block is written too, then cut off: no stale bytes reach the disk.
+  if (whole > bytes) std::memset(base + bytes, 0, static_cast<size_t>(whole - bytes));
   for (int64_t i : mine) {
     const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
     at::Tensor src = chunk_data(ch, p.layout, *p.engine, optimizer, kind);
