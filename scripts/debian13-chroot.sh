@@ -24,9 +24,14 @@ chroot_mounts() {
   # The root a mount point of its own: `ip netns exec` (the two-hosts test) remounts / as a
   # slave, which fails on a directory that is not one.
   mountpoint -q "$root" || mount --rbind "$root" "$root"  # with what is mounted inside
-  for d in proc sys dev dev/pts; do
+  for d in proc dev dev/pts; do
     mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
   done
+  # /sys with what is mounted under it: Debian 13's slurmd refuses to start without
+  # /sys/fs/cgroup (real_slurm). A slave copy: unmounting it later cannot unmount the host's.
+  if ! mountpoint -q "$root/sys"; then
+    mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
+  fi
   mkdir -p "$root/dev/shm"; mountpoint -q "$root/dev/shm" || mount -t tmpfs tmpfs "$root/dev/shm"
   # The host's names: torchrun's c10d rendezvous tells workers its host name (getfqdn()), which
   # must resolve inside the chroot too. A minbase trixie has no /etc/hosts to mount over.
