@@ -137,14 +137,11 @@ def gpt2_section(g):
                 xs = [r["median_step_s"] / against[r["round"]]["median_step_s"] for r in mine
                       if r["round"] in against]
                 return f"{med(xs):.3f}x" if xs else "n/a"
-            labels = []
+            by_label = {}  # in the order the runs came
             for r in group:
                 label = r["label"] if r["kind"] == "pytorch" else "fsdp " + r["strategy"].upper()
-                if label not in labels:
-                    labels.append(label)
-            for label in labels:
-                mine = [r for r in group if (r["label"] if r["kind"] == "pytorch"
-                                             else "fsdp " + r["strategy"].upper()) == label]
+                by_label.setdefault(label, []).append(r)
+            for label, mine in by_label.items():
                 per_round = [r["median_step_s"] for r in mine]
                 m = med(per_round)
                 vs, vs_tuned = ratio(mine, peer), ratio(mine, tuned)

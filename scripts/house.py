@@ -26,7 +26,8 @@ MAX_LINES = 700
 LAYERS = [
     ("base", "errors, the libtorch version differences, small utilities",
      ["include/fsdp/error.h", "src/error.cpp", "src/compat.h", "include/fsdp/parse_enum.h",
-      "src/unique_fd.h", "src/addr_info.h", "include/fsdp/memory.h", "src/memory.cpp"]),
+      "src/unique_fd.h", "src/addr_info.h", "src/sanitizer.h", "include/fsdp/memory.h",
+      "src/memory.cpp"]),
     ("cluster", "where this process sits in the job, read from the launcher's environment",
      ["include/fsdp/cluster.h", "src/cluster.cpp"]),
     ("runtime", "the process, the rendezvous, the groups and their collectives, the mesh",

@@ -7,15 +7,7 @@
 #include <fstream>
 #include <string>
 
-// Under AddressSanitizer malloc is ASan's: glibc's arenas are never used, mallinfo2 has nothing
-// to report and, racing a thread that creates an arena, can crash (seen in int_mallinfo).
-#if defined(__SANITIZE_ADDRESS__)
-#define FSDP_ASAN_ALLOCATOR 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FSDP_ASAN_ALLOCATOR 1
-#endif
-#endif
+#include "sanitizer.h"
 
 namespace fsdp {
 
@@ -39,7 +31,8 @@ ProcessMemory process_memory() {
     field("RssFile", &m.rss_file);
     field("VmHWM", &m.peak_rss);
   }
-#if defined(__GLIBC__) && !defined(FSDP_ASAN_ALLOCATOR)
+// Under a sanitizer's allocator mallinfo2 reports nothing and crashed once in int_mallinfo.
+#if defined(__GLIBC__) && !defined(FSDP_SANITIZER_ALLOCATOR)
   const struct mallinfo2 mi = ::mallinfo2();
   m.heap_in_use = static_cast<int64_t>(mi.uordblks + mi.hblkhd);
   m.heap_free = static_cast<int64_t>(mi.fordblks);

@@ -11,6 +11,7 @@
 #include "fsdp/collectives.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
+#include "sanitizer.h"
 
 namespace fsdp::testing {
 
@@ -107,19 +108,9 @@ std::map<int64_t, double> metrics_losses(const std::string& file);
 // check by it, so that what they compare (one timeout, not two) stays the same at sanitizer speed.
 double time_scale();
 
-// Whether this build runs under ASan or TSan (GCC defines __SANITIZE_*, clang has __has_feature):
-// their allocators replace glibc's, so mallinfo2 does not see the heap and mallopt does not steer it.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
-#else
-inline constexpr bool kSanitized = false;
-#endif
+// Whether this build runs under ASan or TSan (src/sanitizer.h): their allocators replace glibc's,
+// so mallinfo2 does not see the heap and mallopt does not steer it.
+inline constexpr bool kSanitized = fsdp::detail::kSanitizerAllocator;
 
 // Directory of the test binaries (where fsdp_test_worker lives) and of the built tools.
 std::string binary_dir();

@@ -66,8 +66,7 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   const std::vector<int64_t> mine = my_chunks(p);
   const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
   // Whole blocks, aligned, so the writer can bypass the page cache (NOTE [direct writes]).
-  constexpr int64_t kAlign = detail::kDirectAlign;
-  const int64_t whole = (bytes + kAlign - 1) / kAlign * kAlign;
+  const int64_t whole = detail::direct_bytes(bytes);
   if (!m.staging.defined() || m.staging.numel() < whole) {
     detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
     m.staging = p.rt->device().is_cuda()

@@ -83,7 +83,7 @@ void restore(const at::Device& device, const at::Tensor& state) {
 at::Tensor rng_state(const at::Device& device, int64_t* cuda_bytes) {
   const at::Tensor cpu = state_of(at::kCPU);
   *cuda_bytes = 0;
-  if (!device.is_cuda()) return cpu.clone();
+  if (!device.is_cuda()) return cpu;  // get_state() made a new tensor
   const at::Tensor cuda = state_of(device);
   *cuda_bytes = cuda.numel();
   return at::cat({cpu, cuda});

@@ -50,7 +50,7 @@ void File::write_direct(const void* data, int64_t n) {
     write(data, n);
     return;
   }
-  const int64_t whole = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const int64_t whole = direct_bytes(n);
   const char* p = static_cast<const char*>(data);
   int64_t done = 0;
   while (done < whole) {

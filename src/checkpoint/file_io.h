@@ -20,6 +20,11 @@ std::string errno_text();
 // Alignment of the memory, offsets and lengths of File::write_direct.
 constexpr int64_t kDirectAlign = 4096;
 
+// n rounded up to whole kDirectAlign blocks: what File::write_direct reads of its buffer.
+constexpr int64_t direct_bytes(int64_t n) {
+  return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+}
+
 // An open file descriptor (RAII). Every failure throws fsdp::Error naming the path.
 class File {
  public:
@@ -27,8 +32,8 @@ class File {
 
   void write(const void* data, int64_t n);
   // Writes n bytes at the start of this empty file bypassing the page cache (O_DIRECT) where
-  // the file system allows it and `data` is aligned to kDirectAlign, whose bytes up to n rounded
-  // up to kDirectAlign must be readable (they are written, then cut off); an ordinary write()
+  // the file system allows it and `data` is aligned to kDirectAlign, whose direct_bytes(n) bytes
+  // must be readable (those past n are written, then cut off); an ordinary write()
   // otherwise (NOTE [direct writes] in file_io.cpp).
   void write_direct(const void* data, int64_t n);
   // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").

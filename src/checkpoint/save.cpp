@@ -67,9 +67,6 @@ std::vector<int64_t> my_chunks(const PendingSave& p) {
   return out;
 }
 
-// 2. The writer of each shard index writes its file from `bytes(chunk)` (the chunk's data,
-// layout.chunks[chunk] long) and fsyncs it. Local: no collective, no model access unless
-// `bytes` reads the model. Returns "" or the error message.
 namespace {
 
 void check_sees_partial(const PendingSave& p) {
@@ -94,6 +91,9 @@ void record_file_crc(PendingSave& p, uint32_t file_crc) {
 
 }  // namespace
 
+// 2. The writer of each shard index writes its file from `bytes(chunk)` (the chunk's data,
+// layout.chunks[chunk] long) and fsyncs it. Local: no collective, no model access unless
+// `bytes` reads the model. Returns "" or the error message.
 std::string write_shard_file(PendingSave& p,
                              const std::function<const void*(int64_t chunk)>& bytes) {
   return capture([&] {
@@ -112,6 +112,7 @@ std::string write_shard_file(PendingSave& p,
   });
 }
 
+// 2, from the file's image (AsyncCheckpointer's staging buffer; see save_phases.h).
 std::string write_shard_image(PendingSave& p, const uint8_t* image) {
   return capture([&] {
     check_sees_partial(p);

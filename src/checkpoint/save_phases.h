@@ -48,7 +48,7 @@ std::string write_shard_file(PendingSave& p,
                              const std::function<const void*(int64_t chunk)>& bytes);
 
 // 2, from an image of the file (AsyncCheckpointer's staging buffer: every chunk at its offset,
-// aligned to kDirectAlign and readable up to the file's size rounded up to kDirectAlign): the
+// aligned to kDirectAlign and readable for direct_bytes(the file's size)): the
 // CRCs come from the image and the file is written without the page cache where the file
 // system allows (File::write_direct). Returns "" or the error message.
 std::string write_shard_image(PendingSave& p, const uint8_t* image);
