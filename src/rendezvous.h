@@ -44,11 +44,22 @@ class Rendezvous {
   // See Runtime::check_agreement and Runtime::check_all_ok.
   void check_agreement(const std::string& what, const std::string& value);
   void check_all_ok(const std::string& what, const std::string& local_error);
+  // check_all_ok in two halves, for work finished on another thread (an asynchronous save):
+  // reserve_agreement() takes the next agreement's keys on the caller's thread, in order with
+  // the other agreements; check_all_ok_reserved(id, ...) runs it later on any thread while the
+  // caller's thread goes on with further agreements. It waits by polling the store, so another
+  // thread's store calls are not held up behind the wait (TCPStore serializes its client).
+  int64_t reserve_agreement() { return next_agreement(); }
+  void check_all_ok_reserved(int64_t id, const std::string& what, const std::string& local_error);
 
  private:
   // Waits until `count_key` reached `expected` (every rank add()s 1), up to the timeout. The
   // last arrival sets `count_key + "/all"`, which the others wait for. Returns how many arrived.
-  int64_t arrive_and_wait(const std::string& count_key, int64_t expected, bool wait);
+  // `poll`: wait by checking the key every millisecond instead of blocking in the store.
+  int64_t arrive_and_wait(const std::string& count_key, int64_t expected, bool wait,
+                          bool poll = false);
+  void check_all_ok_as(int64_t id, const std::string& what, const std::string& local_error,
+                       bool poll);
   void check_same_job();
   int64_t next_agreement();
 

@@ -121,6 +121,7 @@ struct Runtime::Impl {
 };
 
 struct RuntimeFactory {
+  static detail::Rendezvous& rendezvous(Runtime& rt) { return *rt.impl_->rendezvous; }
   // Meets the other ranks on `store`, creates the world group and the Runtime.
   static std::shared_ptr<Runtime> finish(std::unique_ptr<Runtime::Impl> impl,
                                          c10::intrusive_ptr<c10d::Store> store) {
@@ -253,5 +254,18 @@ void Runtime::check_agreement(const std::string& what, const std::string& value)
 void Runtime::check_all_ok(const std::string& what, const std::string& local_error) {
   impl_->rendezvous->check_all_ok(what, local_error);
 }
+
+namespace detail {
+
+int64_t reserve_agreement(Runtime& rt) {
+  return RuntimeFactory::rendezvous(rt).reserve_agreement();
+}
+
+void check_all_ok_reserved(Runtime& rt, int64_t id, const std::string& what,
+                           const std::string& local_error) {
+  RuntimeFactory::rendezvous(rt).check_all_ok_reserved(id, what, local_error);
+}
+
+}  // namespace detail
 
 }  // namespace fsdp

@@ -31,4 +31,11 @@ BackendChoice choose_backend(Backend requested, bool cuda_built, int64_t visible
 // per local rank no mesh can put two ranks on one GPU.
 void check_one_gpu_per_rank(int64_t local_rank, int64_t local_world_size, int64_t visible_gpus);
 
+// Runtime::check_all_ok in two halves (Rendezvous::check_all_ok_reserved): reserve on the
+// caller's thread, in the same order on every rank as the other agreements; run later, on any
+// thread (an asynchronous save's writer).
+int64_t reserve_agreement(Runtime& rt);
+void check_all_ok_reserved(Runtime& rt, int64_t id, const std::string& what,
+                           const std::string& local_error);
+
 }  // namespace fsdp::detail

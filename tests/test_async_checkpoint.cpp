@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "fsdp/async_checkpoint.h"
 #include "fsdp/error.h"
@@ -133,12 +136,15 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
   }
 }
 
-// The checkpoint directory vanishes under a background save (as if removed by an operator, or
-// the disk went away): the next wait() throws on every rank, the earlier checkpoint stays the
-// latest complete one and loads, and the checkpointer can save again.
-TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
-  TempDir tmp;
-  const std::string dir = tmp / "ck";
+using Net = ShardedModule<NetImpl>;
+using FailSave = std::function<void(Net&, torch::optim::AdamW&, Runtime&, AsyncCheckpointer&)>;
+
+// Two ranks, FULL_SHARD with AdamW: one step and a committed save of step 1 in `dir`; then
+// `fail` starts a save of step 2 that must fail. Expects wait() to throw on every rank (each
+// message passed to `check(rank, message)`), step 1 to stay the latest complete checkpoint and
+// load, and the checkpointer to save step 3 with the same staging buffer.
+void expect_failed_save(const std::string& dir, const FailSave& fail,
+                        const std::function<void(int64_t, const std::string&)>& check) {
   const auto st = FSDPStrategy().sharding_strategy(ShardingStrategy::kFullShard).device_mesh({2});
   std::atomic<int> raised{0};
   run_ranks(2, [&](Runtime& rt) {
@@ -149,10 +155,8 @@ TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
     saver.save(checkpoint_path(dir, 1), model, &opt, {1});
     ASSERT_TRUE(saver.wait().has_value());
     step(model, opt, rt, 1);
-    saver.save(checkpoint_path(dir, 2), model, &opt, {2});
-    rt.check_all_ok("test", "");  // every rank has staged and started writing
-    if (rt.rank() == 0) remove_under_writers(checkpoint_path(dir, 2) + ".partial");
-    rt.check_all_ok("test", "");
+    fail(model, opt, rt, saver);
+    EXPECT_TRUE(saver.in_flight());
     try {
       saver.wait();
       ADD_FAILURE() << "rank " << rt.rank() << ": wait() did not throw";
@@ -160,6 +164,7 @@ TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
       EXPECT_NE(std::string(e.what()).find("saving checkpoint '" + checkpoint_path(dir, 2)),
                 std::string::npos)
           << e.what();
+      check(rt.rank(), e.what());
       ++raised;
     }
     EXPECT_FALSE(saver.in_flight());
@@ -179,6 +184,46 @@ TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
   });
   EXPECT_EQ(raised.load(), 2);
   EXPECT_EQ(process_memory().checkpoint_staging, 0);  // released with the checkpointers
+}
+
+// The checkpoint directory vanishes under a background save (as if removed by an operator, or
+// the disk went away): the next wait() throws on every rank, the earlier checkpoint stays the
+// latest complete one and loads, and the checkpointer can save again.
+TEST(AsyncCheckpoint, FailedBackgroundWriteIsRaisedOnEveryRank) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const FailSave vanish = [&](Net& model, torch::optim::AdamW& opt, Runtime& rt,
+                              AsyncCheckpointer& saver) {
+    saver.save(checkpoint_path(dir, 2), model, &opt, {2});
+    // The writer thread makes the directory; removing it at any moment before the commit fails
+    // the save.
+    if (rt.rank() == 0) {
+      const std::string partial = checkpoint_path(dir, 2) + ".partial";
+      for (int i = 0; i < 10000 && !fs::exists(partial); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      remove_under_writers(partial);
+    }
+  };
+  expect_failed_save(dir, vanish, [](int64_t, const std::string&) {});
+}
+
+// Arguments one rank refuses (here rank 1's state is not UTF-8) do not stop save() on the
+// training thread: the writer threads agree on them, and the wait() that would have committed
+// the save raises them on every rank; nothing is committed, and the next save works.
+TEST(AsyncCheckpoint, ArgumentsOneRankRefusesAreRaisedOnEveryRank) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const FailSave refuse = [&](Net& model, torch::optim::AdamW& opt, Runtime& rt,
+                              AsyncCheckpointer& saver) {
+    TrainingState bad{2};
+    if (rt.rank() == 1) bad.values["note"] = "\xff\xfe";
+    saver.save(checkpoint_path(dir, 2), model, &opt, bad);
+  };
+  expect_failed_save(dir, refuse, [](int64_t rank, const std::string& what) {
+    EXPECT_NE(what.find("UTF-8"), std::string::npos) << what;
+    if (rank == 0) EXPECT_NE(what.find("failed on rank 1"), std::string::npos) << what;
+  });
 }
 
 // A save() while another is in flight commits the first one first: both end complete.

@@ -10,19 +10,23 @@
 //   saver.wait();                                    // the last save is complete on disk
 //
 // NOTE [async checkpoint]
-// save() blocks training only while it copies this rank's part of the checkpoint (the shards it
-// writes, their optimizer state, the caller's state and the RNG state) into a staging buffer
-// that is kept and reused by the next save (on CUDA, pinned host memory). A background thread
-// then writes the rank's shard file from the buffer, computing the CRCs, and fsyncs it; it runs
-// no collective and touches neither the model nor the optimizer, so training goes on at once.
+// save() blocks training only while it checks its arguments on this rank and copies this rank's
+// part of the checkpoint (the shards it writes, their optimizer state, the caller's state and
+// the RNG state) into a staging buffer that is kept and reused by the next save (on CUDA, pinned
+// host memory); it waits for no other rank. A background thread then agrees with the other
+// ranks' through the rendezvous store that every rank's arguments were valid and rank 0 made
+// "<path>.partial", writes the rank's shard file from the buffer, computing the CRCs, and fsyncs
+// it; it runs no collective of the process groups and touches neither the model nor the
+// optimizer, so training goes on at once.
 // The commit — CRCs and RNG states collected, meta.json written by rank 0, the directory
 // renamed into place — is collective and runs on the caller's thread inside poll(), wait() or
 // the next save(), once every rank's background write has finished. Until then the checkpoint
 // is "<path>.partial": a crash or kill -9 of any rank at any moment leaves every earlier
 // checkpoint intact and latest_checkpoint() pointing to the newest committed one. At most one
 // save is in flight: save() first waits for and commits the previous one. A failed background
-// write (disk full, directory removed, read-only filesystem) is raised as fsdp::Error on every
-// rank by the poll(), wait() or save() that would have committed it; nothing is committed then.
+// write (disk full, directory removed, read-only filesystem), and arguments any rank refused
+// (what save_checkpoint refuses at once), are raised as fsdp::Error on every rank by the
+// poll(), wait() or save() that would have committed the save; nothing is committed then.
 // The files are exactly those of save_checkpoint (NOTE [checkpoint format]); load_checkpoint
 // reads them.
 #pragma once
@@ -48,8 +52,9 @@ class AsyncCheckpointer {
   // Starts saving `model`, `optimizer` (may be null) and `state` to directory `path`, as
   // save_checkpoint does, and returns once this rank's data is staged (NOTE [async checkpoint]).
   // Commits a save still in flight first (as wait() does). Collective: every rank, same path, at
-  // the same point of training. Throws fsdp::Error on every rank for what save_checkpoint
-  // refuses, and for a failure of the previous save's background write.
+  // the same point of training. Throws fsdp::Error on every rank for a failure of the previous
+  // save; what save_checkpoint refuses (on any rank) is raised for this save by the poll(),
+  // wait() or save() that commits it, on every rank (NOTE [async checkpoint]).
   void save(const std::string& path, ShardedModuleBase& model,
             const torch::optim::Optimizer* optimizer, const TrainingState& state = {},
             const CheckpointOptions& options = {});

@@ -13,6 +13,7 @@
 #include "checkpoint/save_phases.h"
 #include "fsdp/memory.h"
 #include "fsdp/runtime.h"
+#include "runtime_internal.h"
 
 namespace fsdp {
 
@@ -22,7 +23,7 @@ using detail::commit_save;
 using detail::my_chunks;
 using detail::OptimizerKind;
 using detail::PendingSave;
-using detail::prepare_save;
+using detail::plan_save;
 using detail::world_sum;
 using detail::write_shard_image;
 
@@ -32,6 +33,9 @@ struct AsyncCheckpointer::Impl {
   std::thread writer;
   std::atomic<bool> written{false};
   std::string write_error;  // set by the writer thread before `written`
+  // Set by the writer thread instead when the save's agreement failed: the message every rank
+  // raises (the agreement failed on every rank), no collective needed.
+  std::string agree_error;
   double last_blocked = 0;
 
   ~Impl() {
@@ -46,24 +50,17 @@ struct AsyncCheckpointer::Impl {
     join();
     PendingSave p = std::move(*pending);
     pending.reset();
+    if (!agree_error.empty()) throw Error(agree_error);
     return commit_save(p, write_error);
   }
 };
 
-AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
+namespace {
 
-AsyncCheckpointer::~AsyncCheckpointer() = default;  // Impl joins the writer
-
-void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
-                             const torch::optim::Optimizer* optimizer,
-                             const TrainingState& state, const CheckpointOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Impl& m = *impl_;
-  if (m.pending) m.commit();
-  m.pending = prepare_save(path, model, optimizer, state, options);
-  PendingSave& p = *m.pending;
-  // Stage this rank's file, laid out as on disk, so the writer needs nothing else.
-  const std::vector<int64_t> mine = my_chunks(p);
+// Copies this rank's file, laid out as on disk, into the staging buffer (grown if needed), so
+// the writer needs nothing else. Returns the image.
+uint8_t* stage(AsyncCheckpointer::Impl& m, const PendingSave& p,
+               const torch::optim::Optimizer* optimizer) {
   const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
   // Whole blocks, aligned, so the writer can bypass the page cache (NOTE [direct writes]).
   const int64_t whole = detail::direct_bytes(bytes);
@@ -77,18 +74,46 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   auto* base = m.staging.data_ptr<uint8_t>();
   // The tail up to the block is written too, then cut off: no stale bytes reach the disk.
   if (whole > bytes) std::memset(base + bytes, 0, static_cast<size_t>(whole - bytes));
-  for (int64_t i : mine) {
+  for (int64_t i : my_chunks(p)) {
     const Chunk& ch = p.layout.chunks[static_cast<size_t>(i)];
     at::Tensor src = chunk_data(ch, p.layout, *p.engine, optimizer, kind);
     std::memcpy(base + ch.offset, src.data_ptr(), static_cast<size_t>(chunk_bytes(ch, p.layout)));
   }
+  return base;
+}
+
+}  // namespace
+
+AsyncCheckpointer::AsyncCheckpointer() : impl_(std::make_unique<Impl>()) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() = default;  // Impl joins the writer
+
+void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
+                             const torch::optim::Optimizer* optimizer,
+                             const TrainingState& state, const CheckpointOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  if (m.pending) m.commit();
+  // Only local work here: the agreement that every rank's arguments were valid and rank 0
+  // made the directory runs on the writer thread (NOTE [async checkpoint]).
+  m.pending = plan_save(path, model, optimizer, state, options);
+  PendingSave& p = *m.pending;
+  const int64_t agreement = detail::reserve_agreement(*p.rt);
+  uint8_t* base = nullptr;
+  if (p.error.empty()) p.error = capture([&] { base = stage(m, p, optimizer); });
   // Write in the background (NOTE [async checkpoint]): files only, no collective.
   m.written = false;
   m.write_error.clear();
-  m.writer = std::thread([&m, base] {
+  m.agree_error.clear();
+  m.writer = std::thread([&m, base, agreement] {
     // Below the training threads: the write waits for the disk, not for the CPU.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-    m.write_error = write_shard_image(*m.pending, base);
+    PendingSave& p = *m.pending;
+    m.agree_error = capture([&] {
+      detail::check_all_ok_reserved(*p.rt, agreement, p.what,
+                                    p.error.empty() ? detail::make_partial_dir(p) : p.error);
+    });
+    if (m.agree_error.empty()) m.write_error = write_shard_image(p, base);
     m.written = true;
   });
   m.last_blocked = seconds_since(t0);

@@ -8,21 +8,20 @@
 
 namespace fsdp::detail {
 
-// 1. Validate (pure, every rank) and prepare the directory (rank 0). Store only.
-PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
-                         const torch::optim::Optimizer* optimizer, const TrainingState& state,
-                         const CheckpointOptions& options) {
+// 1a. Local: validate, then the layout, this rank's role and its RNG state.
+PendingSave plan_save(const std::string& path, ShardedModuleBase& model,
+                      const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                      const CheckpointOptions& options) {
   PendingSave p;
   p.t0 = std::chrono::steady_clock::now();
   p.engine = detail::engine_of(model);
   Engine& e = *p.engine;
   p.rt = e.runtime().get();
-  Runtime& rt = *p.rt;
   p.path = path;
   p.what = cat("saving checkpoint '", path, "'");
-  FSDP_CHECK(!path.empty(), "save_checkpoint: the path is empty");
   p.partial = path + ".partial";
-  std::string err = capture([&] {
+  p.error = capture([&] {
+    FSDP_CHECK(!path.empty(), "save_checkpoint: the path is empty");
     if (optimizer) {
       p.kind = optimizer_kind(*optimizer);
       check_optimizer_params(*optimizer, e);
@@ -37,24 +36,37 @@ PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
     } catch (const json::exception&) {
       throw Error("TrainingState values must be UTF-8 text; encode binary data (e.g. as hex)");
     }
-    if (rt.rank() == 0) {
-      std::error_code ec;
-      fs::create_directories(parent_dir(path), ec);
-      FSDP_CHECK(!ec, "cannot create the directory '", parent_dir(path), "': ", ec.message(),
-                 "; choose a writable place");
-      fs::remove_all(p.partial, ec);
-      FSDP_CHECK(!ec, "cannot remove the leftover '", p.partial, "': ", ec.message());
-      FSDP_CHECK(::mkdir(p.partial.c_str(), 0755) == 0, "cannot create '", p.partial, "': ",
-                 errno_text(), "; check that the directory is writable");
-    }
   });
-  rt.check_all_ok(p.what, err);
+  if (!p.error.empty()) return p;
   p.layout = make_layout(e, optimizer, p.kind ? &*p.kind : nullptr);
   p.s_index = e.shard_group()->rank();
   p.writer = e.replicate_group()->rank() == 0;
   const auto chunks = static_cast<int64_t>(p.layout.chunks.size());
   p.crcs = at::zeros({chunks + e.shard_group()->size()}, at::TensorOptions().dtype(at::kLong));
-  if (options.rng) p.rng = rng_state(rt.device(), &p.rng_cuda_bytes);
+  if (options.rng) p.rng = rng_state(p.rt->device(), &p.rng_cuda_bytes);
+  return p;
+}
+
+// 1b. Rank 0 creates "<path>.partial" (a leftover of an interrupted save removed first).
+std::string make_partial_dir(const PendingSave& p) {
+  return capture([&] {
+    if (p.rt->rank() != 0) return;
+    std::error_code ec;
+    fs::create_directories(parent_dir(p.path), ec);
+    FSDP_CHECK(!ec, "cannot create the directory '", parent_dir(p.path), "': ", ec.message(),
+               "; choose a writable place");
+    fs::remove_all(p.partial, ec);
+    FSDP_CHECK(!ec, "cannot remove the leftover '", p.partial, "': ", ec.message());
+    FSDP_CHECK(::mkdir(p.partial.c_str(), 0755) == 0, "cannot create '", p.partial, "': ",
+               errno_text(), "; check that the directory is writable");
+  });
+}
+
+PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
+                         const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                         const CheckpointOptions& options) {
+  PendingSave p = plan_save(path, model, optimizer, state, options);
+  p.rt->check_all_ok(p.what, p.error.empty() ? make_partial_dir(p) : p.error);
   return p;
 }
 

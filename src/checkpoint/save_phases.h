@@ -1,6 +1,7 @@
 // checkpoint/save_phases.h (internal): a sharded save in three phases, shared by save_checkpoint
 // and AsyncCheckpointer (NOTE [async checkpoint] in fsdp/async_checkpoint.h): prepare_save
-// (collective), write_shard_file (local, any thread), commit_save (collective).
+// (collective; AsyncCheckpointer runs its agreement on the writer thread), write_shard_file
+// (local, any thread), commit_save (collective).
 #pragma once
 
 #include <chrono>
@@ -17,6 +18,7 @@ namespace fsdp::detail {
 // A sharded save between its phases.
 struct PendingSave {
   std::string path, partial, what;
+  std::string error;  // this rank's validation error (plan_save); then nothing else is set
   Runtime* rt = nullptr;
   std::shared_ptr<Engine> engine;  // keeps the flats' shards alive
   Layout layout;
@@ -31,8 +33,18 @@ struct PendingSave {
   std::chrono::steady_clock::time_point t0;
 };
 
-// 1. Validates (every rank) and creates "<path>.partial" (rank 0); the layout, this rank's role
-// and its RNG state. Collective (store only).
+// 1a. Validates this rank's arguments (an error goes to `error`, and nothing else is set), then
+// the layout, this rank's role and its RNG state. Local.
+PendingSave plan_save(const std::string& path, ShardedModuleBase& model,
+                      const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                      const CheckpointOptions& options);
+
+// 1b. Rank 0 creates "<path>.partial" (removing a leftover first); the others do nothing.
+// Returns "" or the error message.
+std::string make_partial_dir(const PendingSave& p);
+
+// 1. plan_save, make_partial_dir, then every rank learns whether all succeeded (throws
+// fsdp::Error on every rank otherwise). Collective (store only).
 PendingSave prepare_save(const std::string& path, ShardedModuleBase& model,
                          const torch::optim::Optimizer* optimizer, const TrainingState& state,
                          const CheckpointOptions& options);
