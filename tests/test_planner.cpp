@@ -132,6 +132,46 @@ TEST(Planner, ExposedCommunicationIsFirstGatherAndLastReduce) {
   EXPECT_GT(p.time.communication, 2 * (first + last));  // the rest was hidden
 }
 
+// A CPU node (node_shared): with a core per rank the collectives overlap as on a GPU; with r
+// ranks per core the step is compute + (r - 1) / (m - 1) x communication for links measured
+// at m ranks per core (NOTE [planner cost model]).
+TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
+  ClusterSpec c = toy_cluster(1, 2, 1);
+  c.node_shared = true;
+  c.cores = 2;
+  c.comm_ranks_per_node = 4;  // links measured at 2 ranks per core
+  EXPECT_EQ(c.shared_comm_exposure(), 0);
+  c.ranks_per_node = 4;
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  c.ranks_per_node = 8;
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 3);
+  c.comm_ranks_per_node = 2;  // measured with a core per rank: r - 1
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 3);
+  c.comm_ranks_per_node = 0;  // unknown: as planned, (r - 1) / (r - 1)
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  c.cores = 0;  // unknown cores: nothing overlaps
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  c.node_shared = false;
+  EXPECT_EQ(c.shared_comm_exposure(), 0);
+
+  // The step: slow links so that communication matters.
+  const ModelSpec m = model_preset("small");
+  ClusterSpec cpu = toy_cluster(1, 2, 1);
+  cpu.intra = link(1e8);
+  cpu.peak_flops = 1e10;
+  cpu.node_shared = true;
+  cpu.cores = 2;
+  cpu.comm_ranks_per_node = 4;
+  const auto one = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 2);
+  EXPECT_LT(one.time.step, one.time.compute + one.time.communication);  // some of it hidden
+  EXPECT_GT(one.time.exposed, 0);
+  cpu.ranks_per_node = 8;  // 4 per core: compute + 3 x communication
+  const auto four = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 8);
+  EXPECT_NEAR(four.time.step, four.time.compute + 3 * four.time.communication,
+              1e-9 * four.time.step);
+  EXPECT_NEAR(four.time.exposed, 3 * four.time.communication, 1e-9 * four.time.step);
+}
+
 TEST(Planner, EnumeratesEveryFactorization) {
   const ModelSpec m = model_preset("tiny");
   const auto plan = plan_cluster(m, toy_cluster(2, 4, 4));
@@ -198,6 +238,9 @@ TEST(Planner, BadInputIsOneLine) {
   ClusterSpec neg = c;
   neg.nodes = -4;
   expect_one_line(error_of([&] { plan_cluster(tiny, neg, {}); }), "nodes -4");
+  neg = c;
+  neg.comm_ranks_per_node = -2;
+  expect_one_line(error_of([&] { plan_cluster(tiny, neg, {}); }), "comm_ranks_per_node -2");
   expect_one_line(error_of([] { cluster_preset("dgx-9000"); }), "dgx-9000");
   expect_one_line(error_of([] { model_preset("gpt-7"); }), "gpt-7");
   expect_one_line(error_of([] { parse_cluster_json("{\"name\": \"x\",", "cluster file 'c.json'"); }),
@@ -219,6 +262,7 @@ TEST(Planner, PresetsParseAndRoundTrip) {
     const ClusterSpec back = parse_cluster_json(cluster_to_json(c), "round trip");
     EXPECT_EQ(back.memory_bytes / 1024, c.memory_bytes / 1024) << name;
     EXPECT_DOUBLE_EQ(back.inter.busbw_at(1 << 20), c.inter.busbw_at(1 << 20)) << name;
+    EXPECT_EQ(back.comm_ranks_per_node, c.comm_ranks_per_node) << name;
   }
   // Llama 2 7B: 6.74 B parameters (its published count).
   EXPECT_NEAR(double(model_preset("llama2-7b").parameters()), 6.738e9, 1e6);

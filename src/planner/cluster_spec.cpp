@@ -40,6 +40,16 @@ double ClusterSpec::rank_flops() const {
   return f;
 }
 
+double ClusterSpec::shared_comm_exposure() const {
+  if (!node_shared) return 0;
+  if (cores <= 0) return 1;
+  const double r = double(ranks_per_node) / double(cores);
+  if (r <= 1) return 0;
+  const int64_t measured = comm_ranks_per_node > 0 ? comm_ranks_per_node : ranks_per_node;
+  const double m = double(measured) / double(cores);
+  return m > 1 ? (r - 1) / (m - 1) : r - 1;
+}
+
 void ClusterSpec::validate() const {
   auto positive = [&](const char* what, double v, const char* fix) {
     FSDP_CHECK(v > 0 && std::isfinite(v), "cluster ", name, ": ", what, " ", v,
@@ -54,6 +64,8 @@ void ClusterSpec::validate() const {
   FSDP_CHECK(reserve_bytes >= 0 && reserve_bytes < rank_memory(), "cluster ", name,
              ": reserve_gib must be at least 0 and below the memory of a rank");
   positive("nics_per_node", double(nics_per_node), "give the NICs of one node");
+  FSDP_CHECK(cores >= 0 && comm_ranks_per_node >= 0, "cluster ", name, ": cores ", cores,
+             " and comm_ranks_per_node ", comm_ranks_per_node, " must be 0 (unknown) or more");
   for (const auto* l : {&intra, &inter}) {
     const char* which = l == &intra ? "intra" : "inter";
     FSDP_CHECK(!l->bands.empty(), "cluster ", name, ": '", which, "' has no bandwidth; give ",
@@ -126,6 +138,7 @@ ClusterSpec parse_cluster(const Json& j, const std::string& where) {
     c.node_shared = j["node_shared"].get<bool>();
   }
   c.cores = static_cast<int64_t>(number(j, "cores", w, false, 0));
+  c.comm_ranks_per_node = static_cast<int64_t>(number(j, "comm_ranks_per_node", w, false, 0));
   if (j.contains("sources") && j["sources"].is_object()) {
     for (const auto& [k, v] : j["sources"].items()) {
       if (v.is_string()) c.sources[k] = v.get<std::string>();
@@ -211,6 +224,7 @@ std::string cluster_to_json(const ClusterSpec& c) {
   if (c.node_shared) {
     j["node_shared"] = true;
     j["cores"] = c.cores;
+    if (c.comm_ranks_per_node > 0) j["comm_ranks_per_node"] = c.comm_ranks_per_node;
   }
   j["memory_gib"] = double(c.memory_bytes) / kGiB;
   j["reserve_gib"] = double(c.reserve_bytes) / kGiB;

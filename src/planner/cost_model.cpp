@@ -17,8 +17,14 @@
 //   spans nodes runs at the slower of its intra-node link and its share of the NICs.
 // - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
 //   by their parameters; the head and its backward belong to the root.
-// - A CPU machine (ClusterSpec::node_shared) with no spare core: collectives compute on the same
-//   cores, so the step is compute + communication, nothing hidden.
+// - A CPU machine (ClusterSpec::node_shared): with a core per rank the collectives overlap as
+//   above (Gloo's rings over loopback mostly wait; measured here, such steps take the compute
+//   time alone within 1-4%). With r ranks per core a ring step waits for peers whose core runs
+//   the other r - 1 ranks' compute: the step is compute + x * communication, nothing hidden,
+//   x = (r - 1) / (m - 1) for the links measured at m ranks per core (1 at the measured
+//   oversubscription, 3 at 4 per core after measuring at 2). The form was read off this
+//   machine's measured W = 2, 4, 8 rows (exposed time / ring time: 0, 0.55-1.24, 1.4-3.3); the
+//   only number in it is the calibration's own m.
 // Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
 // contention between compute and communication for memory bandwidth.
 #include <algorithm>
@@ -215,11 +221,12 @@ void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& 
   c.time.compute = compute;
   c.time.communication = comm;
   c.time.step = std::max({cpu, shard_free, rep_free});
-  // On a CPU machine with no core to spare, the collectives (Gloo's copies and sums) run on the
-  // cores that compute: nothing overlaps.
-  if (cluster.node_shared && cluster.cores <= cluster.ranks_per_node) {
-    c.time.step = compute + comm;
-  }
+  // On a CPU node whose ranks outnumber its cores, a ring step waits for peers that share a core
+  // with other ranks' compute: the step is compute plus the collectives' time scaled by
+  // ClusterSpec::shared_comm_exposure (NOTE [planner cost model]). With a core per rank they
+  // overlap as scheduled above.
+  const double exposure = cluster.shared_comm_exposure();
+  if (exposure > 0) c.time.step = compute + exposure * comm;
   c.time.exposed = std::max(0.0, c.time.step - compute);
   c.tokens_per_s = c.time.step > 0 ? tokens * double(o.grad_accum) / c.time.step : 0;
 }

@@ -160,6 +160,7 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   fit_link(busbw, o.devices, c.intra);
   c.inter = c.intra;
   c.ranks_per_node = o.devices;
+  c.comm_ranks_per_node = o.devices;
   c.sources = {
       {"peak_tflops", cat("measured: fsdp-train --model small, 1 process, 1 thread, ", batch, " x ",
                           seq, " tokens, median step ", step, " s (achieved rate, so fraction 1)")},
