@@ -65,8 +65,11 @@ def planner_section(pl, cores):
           "the ranks), then each row ran fsdp-train (median of steps 3 and on) and asked "
           "`fsdp-plan --cluster FILE --json` for the same model, batch, strategy and mesh. "
           "Sharded state and bytes per step must be equal; step time is the cost model's "
-          "prediction (compute + communication: on a CPU whose cores all compute, nothing "
-          "overlaps).", "",
+          "prediction: on a CPU whose cores all compute nothing overlaps, so compute + x times "
+          "the collectives' time, x = 1 up to the "
+          f"{c.get('comm_ranks_per_node', 0) / max(1, c.get('cores', 1)):g} ranks per core the links "
+          "were measured at and (r - 1) / (m - 1) at r per core beyond (NOTE [planner cost "
+          "model]).", "",
           "| model | W | strategy | mesh | measured s/step | predicted | error | state equal | bytes equal |",
           "|---|---|---|---|---|---|---|---|---|"]
     errors = []

@@ -132,22 +132,25 @@ TEST(Planner, ExposedCommunicationIsFirstGatherAndLastReduce) {
   EXPECT_GT(p.time.communication, 2 * (first + last));  // the rest was hidden
 }
 
-// A CPU node (node_shared): with a core per rank the collectives overlap as on a GPU; with r
-// ranks per core the step is compute + (r - 1) / (m - 1) x communication for links measured
-// at m ranks per core (NOTE [planner cost model]).
+// A CPU node (node_shared) without a spare core: nothing overlaps, and the step is compute +
+// x * communication, x = max(1, (r - 1) / (m - 1)) at r ranks per core for links measured at m
+// (NOTE [planner cost model]).
 TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   ClusterSpec c = toy_cluster(1, 2, 1);
   c.node_shared = true;
+  c.cores = 4;
+  c.comm_ranks_per_node = 8;  // links measured at 2 ranks per core
+  EXPECT_EQ(c.shared_comm_exposure(), 0);  // a spare core
   c.cores = 2;
-  c.comm_ranks_per_node = 4;  // links measured at 2 ranks per core
-  EXPECT_EQ(c.shared_comm_exposure(), 0);
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  c.comm_ranks_per_node = 4;
   c.ranks_per_node = 4;
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
   c.ranks_per_node = 8;
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 3);
-  c.comm_ranks_per_node = 2;  // measured with a core per rank: r - 1
-  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 3);
-  c.comm_ranks_per_node = 0;  // unknown: as planned, (r - 1) / (r - 1)
+  c.comm_ranks_per_node = 2;  // measured with a core per rank: r
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 4);
+  c.comm_ranks_per_node = 0;  // not recorded: as planned
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
   c.cores = 0;  // unknown cores: nothing overlaps
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
@@ -160,12 +163,15 @@ TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   cpu.intra = link(1e8);
   cpu.peak_flops = 1e10;
   cpu.node_shared = true;
+  cpu.cores = 4;
+  cpu.comm_ranks_per_node = 8;
+  const auto spare = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 2);
+  EXPECT_LT(spare.time.step, spare.time.compute + spare.time.communication);  // some hidden
   cpu.cores = 2;
-  cpu.comm_ranks_per_node = 4;
   const auto one = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 2);
-  EXPECT_LT(one.time.step, one.time.compute + one.time.communication);  // some of it hidden
-  EXPECT_GT(one.time.exposed, 0);
-  cpu.ranks_per_node = 8;  // 4 per core: compute + 3 x communication
+  EXPECT_NEAR(one.time.step, one.time.compute + one.time.communication, 1e-9 * one.time.step);
+  cpu.comm_ranks_per_node = 4;  // measured at 2 per core
+  cpu.ranks_per_node = 8;        // planned at 4 per core: compute + 3 x communication
   const auto four = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 8);
   EXPECT_NEAR(four.time.step, four.time.compute + 3 * four.time.communication,
               1e-9 * four.time.step);

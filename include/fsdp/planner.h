@@ -109,10 +109,10 @@ struct ClusterSpec {
   int64_t comm_ranks_per_node = 0;
   int64_t rank_memory() const { return node_shared ? memory_bytes / ranks_per_node : memory_bytes; }
   double rank_flops() const;  // achievable FLOP/s of one rank
-  // node_shared: how much of the collectives' time a step waits for when the node's ranks
-  // outnumber its cores (NOTE [planner cost model]): 0 with a core per rank (they overlap as
-  // scheduled), else (r - 1) / (m - 1) for r ranks per core planned and m when the links were
-  // measured (r - 1 if m <= 1); 1 when the cores are unknown. 0 if not node_shared.
+  // node_shared: how much of the collectives' time a step waits for (NOTE [planner cost
+  // model]): 0 with a spare core (they overlap as scheduled); with r >= 1 ranks per core
+  // max(1, (r - 1) / (m - 1)) for links measured at m > 1 ranks per core, r for m <= 1; 1 when
+  // the cores are unknown. 0 if not node_shared.
   double shared_comm_exposure() const;
   std::map<std::string, std::string> sources;  // field -> where its number comes from
   int64_t world_size() const { return nodes * ranks_per_node; }

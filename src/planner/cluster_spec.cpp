@@ -44,10 +44,10 @@ double ClusterSpec::shared_comm_exposure() const {
   if (!node_shared) return 0;
   if (cores <= 0) return 1;
   const double r = double(ranks_per_node) / double(cores);
-  if (r <= 1) return 0;
+  if (r < 1) return 0;
   const int64_t measured = comm_ranks_per_node > 0 ? comm_ranks_per_node : ranks_per_node;
   const double m = double(measured) / double(cores);
-  return m > 1 ? (r - 1) / (m - 1) : r - 1;
+  return m > 1 ? std::max(1.0, (r - 1) / (m - 1)) : r;
 }
 
 void ClusterSpec::validate() const {

@@ -17,14 +17,15 @@
 //   spans nodes runs at the slower of its intra-node link and its share of the NICs.
 // - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
 //   by their parameters; the head and its backward belong to the root.
-// - A CPU machine (ClusterSpec::node_shared): with a core per rank the collectives overlap as
-//   above (Gloo's rings over loopback mostly wait; measured here, such steps take the compute
-//   time alone within 1-4%). With r ranks per core a ring step waits for peers whose core runs
-//   the other r - 1 ranks' compute: the step is compute + x * communication, nothing hidden,
-//   x = (r - 1) / (m - 1) for the links measured at m ranks per core (1 at the measured
-//   oversubscription, 3 at 4 per core after measuring at 2). The form was read off this
-//   machine's measured W = 2, 4, 8 rows (exposed time / ring time: 0, 0.55-1.24, 1.4-3.3); the
-//   only number in it is the calibration's own m.
+// - A CPU machine (ClusterSpec::node_shared) with no spare core: Gloo's copies and sums run on
+//   the cores that compute, so nothing overlaps: step = compute + x * communication. The links
+//   are measured at m ranks per core (comm_ranks_per_node); up to that x = 1, beyond it a ring
+//   step also waits for peers whose core runs other ranks' compute, x = (r - 1) / (m - 1) at r
+//   ranks per core (3 at 4 per core after measuring at 2). Measured here (2026-12-05): W = 2
+//   (one rank per core) steps exceed W = 1's with the same work per rank by about the whole
+//   ring time (NO_SHARD +0.027 s, FULL_SHARD +0.045 s); at 4 ranks per core the step exceeds
+//   compute by 1.4-3.7x the ring time measured at 2. The form was read off these runs; its one
+//   number is the calibration's m.
 // Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
 // contention between compute and communication for memory bandwidth.
 #include <algorithm>
@@ -221,10 +222,9 @@ void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& 
   c.time.compute = compute;
   c.time.communication = comm;
   c.time.step = std::max({cpu, shard_free, rep_free});
-  // On a CPU node whose ranks outnumber its cores, a ring step waits for peers that share a core
-  // with other ranks' compute: the step is compute plus the collectives' time scaled by
-  // ClusterSpec::shared_comm_exposure (NOTE [planner cost model]). With a core per rank they
-  // overlap as scheduled above.
+  // On a CPU node with no spare core the collectives compute on the cores that train: the step
+  // is compute plus their time scaled by ClusterSpec::shared_comm_exposure (NOTE [planner cost
+  // model]). With a spare core they overlap as scheduled above.
   const double exposure = cluster.shared_comm_exposure();
   if (exposure > 0) c.time.step = compute + exposure * comm;
   c.time.exposed = std::max(0.0, c.time.step - compute);
