@@ -2,11 +2,14 @@
 // background save equal save_checkpoint's byte for byte although training changed the model
 // before the write finished; poll() commits only once every rank has written; a failed
 // background write is raised on every rank and leaves the previous checkpoint the latest one;
-// the staging buffer is kept between saves.
+// the staging buffer is kept between saves; File::write_direct writes around the page cache.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/common.h"
+#include "checkpoint/file_io.h"
 #include "fsdp/async_checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
@@ -82,6 +87,46 @@ void expect_same_files(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+// Whether files in `path`'s directory can be opened with O_DIRECT (tmpfs before Linux 6.6 and
+// some network file systems cannot).
+bool direct_io_works(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return true;
+}
+
+// File::write_direct (NOTE [direct writes]): an aligned image is written around the page cache
+// where the file system allows it, an unaligned one through the cache; both files are exact,
+// their tails (not a whole block) included.
+TEST(DirectWrites, AlignedImagesBypassTheCacheOthersAreWrittenPlainly) {
+  TempDir tmp;
+  const int64_t n = 3 * fsdp::detail::kDirectAlign + 123;
+  std::vector<uint8_t> bytes(static_cast<size_t>(n));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);
+  // Aligned, readable up to the whole block (write_direct's contract); the tail past n is junk.
+  at::Tensor image = fsdp::detail::empty_direct_buffer(fsdp::detail::direct_bytes(n));
+  std::memset(image.data_ptr(), 0xAB, static_cast<size_t>(image.numel()));
+  std::memcpy(image.data_ptr(), bytes.data(), bytes.size());
+  const std::string aligned = tmp / "aligned", unaligned = tmp / "unaligned";
+  {
+    fsdp::detail::File f(aligned, O_WRONLY | O_CREAT | O_TRUNC);
+    EXPECT_EQ(f.write_direct(image.data_ptr(), n), direct_io_works(tmp / "probe"));
+    f.sync_and_close();
+  }
+  {
+    std::vector<uint8_t> shifted(bytes.size() + 1);
+    std::memcpy(shifted.data() + 1, bytes.data(), bytes.size());
+    fsdp::detail::File f(unaligned, O_WRONLY | O_CREAT | O_TRUNC);
+    EXPECT_FALSE(f.write_direct(shifted.data() + 1, n));
+    f.sync_and_close();
+  }
+  const std::string want(bytes.begin(), bytes.end());
+  EXPECT_TRUE(bytes_of(aligned) == want);
+  EXPECT_TRUE(bytes_of(unaligned) == want);
+}
+
 // Saved in the background while three more steps change every parameter and optimizer state:
 // the checkpoint is the state at save(), byte for byte what save_checkpoint writes, and loads.
 TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
@@ -91,6 +136,7 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
     const std::string sync_dir = tmp / "sync", async_dir = tmp / "async";
     const int64_t W = mesh.size() == 2 ? mesh[0] * mesh[1] : mesh[0];
     const auto st = FSDPStrategy().sharding_strategy(strategy).device_mesh(mesh);
+    const int64_t through_cache = direct_io_works(tmp / "probe") ? 0 : mesh.back();  // files
     std::mutex mu;
     std::vector<std::string> sd_after_load, sd_at_save;
     run_ranks(W, [&](Runtime& rt) {
@@ -115,6 +161,8 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
       EXPECT_FALSE(saver.in_flight());
       EXPECT_EQ(info->path, async_dir);
       if (rt.rank() == 0) EXPECT_GT(info->bytes, 0);  // rank 0 writes meta.json and counts
+      // Every shard file bypassed the page cache where the file system allows O_DIRECT.
+      EXPECT_EQ(info->page_cache_writes, through_cache);
       EXPECT_FALSE(saver.wait().has_value());  // nothing in flight any more
 
       // Loaded into a fresh model: the state at save(), not the trained-on one.

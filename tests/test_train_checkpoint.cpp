@@ -178,6 +178,33 @@ TEST(TrainCheckpoint, AsyncSavesResumeBitIdentically) {
             std::string::npos) << r.output;
 }
 
+// A file system that refuses O_DIRECT (ramfs, mounted in a private mount namespace, which needs
+// root): background saves still complete, through the page cache, and fsdp-train says so once
+// and in its summary. (Where O_DIRECT works, test_async_checkpoint checks that nothing goes
+// through the cache.)
+TEST(TrainCheckpoint, AsyncSavesSayWhenTheFileSystemRefusesDirectWrites) {
+  TempDir tmp;
+  const std::string mnt = tmp / "ramfs";
+  fs::create_directories(mnt);
+  const std::string unshare = "/usr/bin/unshare";
+  if (run({unshare, "-m", "mount", "-t", "ramfs", "none", mnt}, {}, 30s).exit_code() != 0) {
+    GTEST_SKIP() << "cannot mount a ramfs in a private mount namespace (needs root and unshare)";
+  }
+  std::string command = "mount -t ramfs none " + mnt + " && exec";
+  for (const auto& a : args({"--devices=2", "--checkpoint-dir=" + mnt + "/ck",
+                             "--checkpoint-every=2", "--checkpoint-async"})) {
+    command += " '" + a + "'";
+  }
+  const auto r = run({unshare, "-m", "/bin/sh", "-c", command}, {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("refuses O_DIRECT: background saves go through the page cache"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("async checkpoints      2 written in the background"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("4 file(s) through the page cache: no O_DIRECT there"),
+            std::string::npos) << r.output;
+}
+
 // A rank SIGKILLed while step 4's save is written in the background: step 2's checkpoint,
 // committed before step 4's save began, is the latest, and --resume continues from it.
 TEST(TrainCheckpoint, RankKilledDuringAsyncSaveLeavesThePreviousCheckpoint) {

@@ -79,6 +79,9 @@ struct CheckpointInfo {
   int64_t files = 0;        // files in the checkpoint
   bool rng_restored = false;       // load: the CPU generator
   bool cuda_rng_restored = false;  // load: this rank's CUDA generator too
+  // Asynchronous save: files written through the page cache because their file system refused
+  // O_DIRECT (AsyncCheckpointer writes around the cache where it can; the files are the same).
+  int64_t page_cache_writes = 0;
 };
 
 // Writes a sharded checkpoint of `model`, `optimizer` (may be null) and `state` to directory

@@ -68,7 +68,7 @@ uint8_t* stage(AsyncCheckpointer::Impl& m, const PendingSave& p,
     detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
     m.staging = p.rt->device().is_cuda()
                     ? at::empty({whole}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))
-                    : detail::empty_mapped(whole, at::kByte);
+                    : detail::empty_direct_buffer(whole);
   }
   const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
   auto* base = m.staging.data_ptr<uint8_t>();

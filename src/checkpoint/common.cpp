@@ -6,9 +6,12 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
+
+#include "checkpoint/file_io.h"
 
 namespace fsdp::detail {
 
@@ -55,6 +58,16 @@ at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype) {
   (void)::madvise(p, rounded, MADV_POPULATE_WRITE);
 #endif
   return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
+}
+
+at::Tensor empty_direct_buffer(int64_t bytes) {
+  if (static_cast<size_t>(bytes) >= kHugePage) return empty_mapped(bytes, at::kByte);
+  void* p = nullptr;
+  if (::posix_memalign(&p, kDirectAlign, static_cast<size_t>(std::max<int64_t>(bytes, 1))) != 0) {
+    throw std::bad_alloc();
+  }
+  return at::from_blob(p, {bytes}, [](void* q) { std::free(q); },
+                       at::TensorOptions().dtype(at::kByte));
 }
 
 namespace {

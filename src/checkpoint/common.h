@@ -45,6 +45,9 @@ std::string capture(const std::function<void()>& fn);
 // where the kernel allows, populated with one call instead of a page fault per 4 KiB); from 2 MiB
 // on it starts at a 2 MiB boundary (so at kDirectAlign). Contents are unspecified.
 at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype);
+// `bytes` bytes starting at a kDirectAlign boundary at any size (File::write_direct's buffers):
+// empty_mapped's from 2 MiB on, an aligned heap block below.
+at::Tensor empty_direct_buffer(int64_t bytes);
 
 // This rank's generator states as one byte record: the libtorch CPU generator's, then, when
 // `device` is a CUDA device, that device's default CUDA generator's (its last `*cuda_bytes`

@@ -42,13 +42,14 @@ void File::write(const void* data, int64_t n) {
 // back soon. O_DIRECT needs the buffer, offsets and lengths aligned to the device's block
 // (kDirectAlign covers 512 and 4096); the image's tail is written whole and cut off with
 // ftruncate. A file system that refuses O_DIRECT (fcntl or the first write says EINVAL) is
-// written through the cache as before: the file is the same either way, and fsync follows.
-void File::write_direct(const void* data, int64_t n) {
+// written through the cache as before: the file is the same either way, and fsync follows; the
+// save counts such files (CheckpointInfo::page_cache_writes) and fsdp-train says so.
+bool File::write_direct(const void* data, int64_t n) {
   const int flags = ::fcntl(fd_.get(), F_GETFL);
   const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlign == 0;
   if (!aligned || flags < 0 || ::fcntl(fd_.get(), F_SETFL, flags | O_DIRECT) != 0) {
     write(data, n);
-    return;
+    return false;
   }
   const int64_t whole = direct_bytes(n);
   const char* p = static_cast<const char*>(data);
@@ -61,7 +62,7 @@ void File::write_direct(const void* data, int64_t n) {
       FSDP_CHECK(::fcntl(fd_.get(), F_SETFL, flags) == 0, "cannot clear O_DIRECT on '", path_,
                  "': ", errno_text());
       write(data, n);
-      return;
+      return false;
     }
     FSDP_CHECK(w > 0, "writing '", path_, "' failed: ", errno_text());
     done += w;
@@ -72,6 +73,7 @@ void File::write_direct(const void* data, int64_t n) {
   }
   FSDP_CHECK(::ftruncate(fd_.get(), static_cast<off_t>(n)) == 0, "truncating '", path_,
              "' failed: ", errno_text());
+  return true;
 }
 
 void File::read_at(void* data, int64_t n, int64_t offset) const {

@@ -34,8 +34,9 @@ class File {
   // Writes n bytes at the start of this empty file bypassing the page cache (O_DIRECT) where
   // the file system allows it and `data` is aligned to kDirectAlign, whose direct_bytes(n) bytes
   // must be readable (those past n are written, then cut off); an ordinary write()
-  // otherwise (NOTE [direct writes] in file_io.cpp).
-  void write_direct(const void* data, int64_t n);
+  // otherwise (NOTE [direct writes] in file_io.cpp). Returns whether it bypassed the cache
+  // (false: the file system refused O_DIRECT, or `data` is not aligned).
+  bool write_direct(const void* data, int64_t n);
   // Reads exactly n bytes at `offset`; a file that ends before is an error ("truncated?").
   void read_at(void* data, int64_t n, int64_t offset) const;
   // Asks the kernel to start reading [offset, offset + n) into the page cache now (a hint:

@@ -42,7 +42,8 @@ PendingSave plan_save(const std::string& path, ShardedModuleBase& model,
   p.s_index = e.shard_group()->rank();
   p.writer = e.replicate_group()->rank() == 0;
   const auto chunks = static_cast<int64_t>(p.layout.chunks.size());
-  p.crcs = at::zeros({chunks + e.shard_group()->size()}, at::TensorOptions().dtype(at::kLong));
+  p.crcs = at::zeros({chunks + e.shard_group()->size() + 1},
+                     at::TensorOptions().dtype(at::kLong));
   if (options.rng) p.rng = rng_state(p.rt->device(), &p.rng_cuda_bytes);
   return p;
 }
@@ -140,7 +141,7 @@ std::string write_shard_image(PendingSave& p, const uint8_t* image) {
     }
     record_file_crc(p, file_crc);
     File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
-    f.write_direct(image, end);
+    if (!f.write_direct(image, end)) p.crcs.data_ptr<int64_t>()[p.crcs.numel() - 1] = 1;
     f.sync_and_close();
   });
 }
@@ -274,6 +275,7 @@ CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
   info.bytes = total_bytes;
   info.files = files;
   info.seconds = seconds_since(p.t0);
+  info.page_cache_writes = crcs.data_ptr<int64_t>()[crcs.numel() - 1];
   return info;
 }
 

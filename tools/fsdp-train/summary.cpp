@@ -85,7 +85,11 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
     std::snprintf(s, sizeof(s), "%.4f", c.async_blocked_s / double(c.async_saves));
     row("async checkpoints", cat(c.async_saves, " written in the background; training blocked ",
                                  s, " s per save on rank 0 (staging buffer ",
-                                 fsdp::format_bytes(double(c.staging_bytes)), ")"));
+                                 fsdp::format_bytes(double(c.staging_bytes)), ")",
+                                 c.page_cache_writes > 0
+                                     ? cat("; ", c.page_cache_writes,
+                                           " file(s) through the page cache: no O_DIRECT there")
+                                     : std::string()));
   }
   if (!c.exported.empty()) {
     char s[32];

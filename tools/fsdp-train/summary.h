@@ -45,6 +45,7 @@ struct CheckpointLog {
   int64_t async_saves = 0;    // of `saves`, written in the background
   double async_blocked_s = 0; // training time they took, all together
   int64_t staging_bytes = 0;
+  int64_t page_cache_writes = 0;  // async files written through the page cache (no O_DIRECT)
   std::optional<fsdp::CheckpointInfo> loaded;
   int64_t resumed_step = 0;
   std::string exported;

@@ -439,6 +439,14 @@ void Trainer::validate(int64_t steps_done) {
 void Trainer::committed(const fsdp::CheckpointInfo& info) {
   log_.ckpt.last_save = info;
   ++log_.ckpt.saves;
+  if (info.page_cache_writes > 0 && log_.ckpt.page_cache_writes == 0 && log_.lead) {
+    std::printf("fsdp-train: note: the file system of %s refuses O_DIRECT: background saves "
+                "go through the page cache (%lld file(s) of %s), which slows the steps while "
+                "they are written\n",
+                o_.checkpoint_dir.c_str(), static_cast<long long>(info.page_cache_writes),
+                info.path.c_str());
+  }
+  log_.ckpt.page_cache_writes += info.page_cache_writes;
   if (log_.lead && o_.keep_last > 0) fsdp::prune_checkpoints(o_.checkpoint_dir, o_.keep_last);
 }
 
