@@ -6,6 +6,7 @@
 // independent PyTorch GPT-2 (tests/python/gpt2_reference.py) under NO_SHARD, FULL_SHARD and
 // HYBRID_SHARD (2, 2).
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -165,6 +166,32 @@ TEST(TokenFiles, BadFilesFailInOneLineBeforeStarting) {
 // Shards by glob (llm.c) and one nanoGPT file of the same tokens train identically; W = 1 and 4
 // see the same global batches (losses equal to fp32 rounding) and the same validation losses,
 // which are logged at step 0, every --eval-every steps and at the end, and plotted.
+// NOTE [token scan]: a process trusts an inherited scan result (the launcher's, passed to the
+// ranks it starts) only for a file with the same identity. A planted result beyond the
+// vocabulary is used for the unchanged file (the run is refused, naming the planted id); once the
+// file's modification time changes, the entry no longer applies and the real scan passes.
+TEST(TokenFiles, InheritedScanCountsOnlyForTheSameFile) {
+  TempDir tmp;
+  const std::string path = tmp / "tokens.bin";
+  write_llmc_tokens(path, make_tokens(4096, 3));
+  auto planted = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return ";" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+           std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+           std::to_string(st.st_mtim.tv_nsec) + ":1024:4096:2=60000";
+  };
+  const auto argv = gpt2_args({"--data=" + path, "--steps=1", "--devices=2"});
+  const std::map<std::string, std::string> env{{"FSDP_TRAIN_TOKEN_SCAN", planted()}};
+  auto r = run(argv, env, 120s);
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_NE(r.output.find("holds token id 60000"), std::string::npos) << r.output;
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1700000000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  r = run(argv, env, 120s);
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+}
+
 TEST(TokenFiles, SameBatchesForEveryFormatAndWorldSize) {
   TempDir dir;
   const auto tokens = make_tokens(30000, 2);

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "fsdp/error.h"
 #include "fsdp/parse_enum.h"
@@ -139,11 +141,49 @@ TokenFile inspect_file(const std::string& flag, const std::string& path, DataFor
   return f;
 }
 
-// The largest token of `f`, reading it once in 1 MiB chunks (nothing stays in memory). Holes of
-// a sparse file (SEEK_DATA / SEEK_HOLE) read as zeros, i.e. token 0, and are skipped.
+// NOTE [token scan]: finding a dataset's largest id reads every byte. fsdp-train's launcher
+// (--devices N) scans before it starts the ranks and leaves each file's result in its
+// environment, kScanEnv (";<key>=<max>" entries), which the ranks inherit: a rank reads a file
+// again only if its identity (device, inode, size, modification time, token region) changed
+// since. Under other launchers (torchrun, srun) every rank scans. The variable stays below 64 KiB
+// (an environment string may not exceed 128 KiB); files past that are scanned by each rank.
+constexpr const char* kScanEnv = "FSDP_TRAIN_TOKEN_SCAN";
+constexpr size_t kScanEnvLimit = 64 << 10;
+
+std::string scan_key(const TokenFile& f, int fd) {
+  struct stat st {};
+  FSDP_CHECK(::fstat(fd, &st) == 0, "cannot stat '", f.path, "': ", std::strerror(errno));
+  return cat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+             st.st_mtim.tv_nsec, ":", f.offset, ":", f.tokens, ":", f.token_bytes());
+}
+
+std::optional<int64_t> inherited_scan(const std::string& key) {
+  const char* env = std::getenv(kScanEnv);
+  if (!env) return std::nullopt;
+  const std::string all(env), entry = ";" + key + "=";
+  const auto at = all.find(entry);
+  if (at == std::string::npos) return std::nullopt;
+  const char* begin = all.c_str() + at + entry.size();
+  char* end = nullptr;
+  const long long v = std::strtoll(begin, &end, 10);
+  if (end == begin || (*end != ';' && *end != '\0') || v < -1) return std::nullopt;
+  return v;
+}
+
+void remember_scan(const std::string& key, int64_t max) {
+  const char* env = std::getenv(kScanEnv);
+  const std::string all = cat(env ? env : "", ";", key, "=", max);
+  if (all.size() <= kScanEnvLimit) ::setenv(kScanEnv, all.c_str(), 1);
+}
+
+// The largest token of `f`, reading it once in 1 MiB chunks (nothing stays in memory), unless
+// this process inherited the result (NOTE [token scan]). Holes of a sparse file (SEEK_DATA /
+// SEEK_HOLE) read as zeros, i.e. token 0, and are skipped.
 int64_t max_token_of(const TokenFile& f) {
   Fd fd{::open(f.path.c_str(), O_RDONLY | O_CLOEXEC)};
   FSDP_CHECK(fd.fd >= 0, "cannot open '", f.path, "': ", std::strerror(errno));
+  const std::string key = scan_key(f, fd.fd);
+  if (const auto known = inherited_scan(key)) return *known;
   ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   constexpr int64_t kChunk = 1 << 20;
   std::vector<uint16_t> buf16(kChunk / 2);  // 2-byte aligned for uint16 tokens
@@ -177,6 +217,7 @@ int64_t max_token_of(const TokenFile& f) {
   }
   // Drop what this pass brought into the page cache: training reads only its windows.
   ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_DONTNEED);
+  remember_scan(key, best);
   return best;
 }
 

@@ -53,7 +53,9 @@ struct DataSource {
 // Expands `spec` (a file name or a shell glob; "[" "*" "?" make it a glob) and inspects every file
 // in `format`: one line naming `flag` and the file for an empty glob, a directory, an unreadable
 // file, a wrong llm.c magic, version or size, an odd nanoGPT size, or mixed formats. Reads every
-// token once (pread in 1 MiB chunks, nothing kept) to find max_token.
+// token once (pread in 1 MiB chunks, nothing kept) to find max_token, unless this process
+// inherited the result for the unchanged file from the launcher (NOTE [token scan] in
+// token_data.cpp).
 DataSource inspect_data(const std::string& flag, const std::string& spec, DataFormat format);
 
 // The same for a list of text files read as bytes (the default corpus).
