@@ -113,16 +113,17 @@ Rendezvous::Rendezvous(c10::intrusive_ptr<c10d::Store> store, const ClusterEnv& 
     : store_(std::move(store)), env_(env), timeout_(timeout) {}
 
 int64_t Rendezvous::arrive_and_wait(const std::string& count_key, int64_t expected, bool wait,
-                                    bool poll) {
+                                    const std::atomic<bool>* cancel) {
   int64_t n = store_->add(count_key, 1);
   FSDP_CHECK(n >= 1 && n <= expected, "the rendezvous store at ", env_.master_addr, ":",
              env_.master_port, " answered nonsense (", count_key, " = ", n, "): something else ",
              "listens there, or another job shares the port; fix --master-addr / --master-port");
   if (n == expected) store_->set(count_key + "/all", bytes("1"));
   if (!wait) return n;
-  if (poll) {
+  if (cancel) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (!store_->check({count_key + "/all"})) {
+      FSDP_CHECK(!cancel->load(), "cancelled while waiting for the other ranks (", count_key, ")");
       if (std::chrono::steady_clock::now() > deadline) return store_->add(count_key, 0);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -211,16 +212,18 @@ void Rendezvous::check_agreement(const std::string& what, const std::string& val
 }
 
 void Rendezvous::check_all_ok(const std::string& what, const std::string& local_error) {
-  check_all_ok_as(env_.world_size == 1 ? 0 : next_agreement(), what, local_error, false);
+  check_all_ok_as(env_.world_size == 1 ? 0 : next_agreement(), what, local_error, nullptr);
 }
 
 void Rendezvous::check_all_ok_reserved(int64_t id, const std::string& what,
-                                       const std::string& local_error) {
-  check_all_ok_as(id, what, local_error, true);
+                                       const std::string& local_error,
+                                       const std::atomic<bool>* cancel) {
+  check_all_ok_as(id, what, local_error, cancel);
 }
 
 void Rendezvous::check_all_ok_as(int64_t id, const std::string& what,
-                                 const std::string& local_error, bool poll) {
+                                 const std::string& local_error,
+                                 const std::atomic<bool>* cancel) {
   const int64_t W = env_.world_size;
   if (W == 1) {
     FSDP_CHECK(local_error.empty(), what, " failed: ", local_error);
@@ -230,7 +233,7 @@ void Rendezvous::check_all_ok_as(int64_t id, const std::string& what,
   const std::string key = cat("fsdp/agree/", id, "/");
   if (!local_error.empty()) store.set(key + "error/" + std::to_string(env_.rank), bytes(local_error));
   store.add(key + "failures", local_error.empty() ? 0 : 1);
-  int64_t arrived = arrive_and_wait(key + "checked", W, /*wait=*/true, poll);
+  int64_t arrived = arrive_and_wait(key + "checked", W, /*wait=*/true, cancel);
   FSDP_CHECK(local_error.empty(), what, " failed: ", local_error);
   FSDP_CHECK(arrived == W, "only ", arrived, " of ", W, " ranks finished ", what, " within ",
              seconds(timeout_), "; a rank is missing or stuck");

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -48,18 +49,21 @@ class Rendezvous {
   // reserve_agreement() takes the next agreement's keys on the caller's thread, in order with
   // the other agreements; check_all_ok_reserved(id, ...) runs it later on any thread while the
   // caller's thread goes on with further agreements. It waits by polling the store, so another
-  // thread's store calls are not held up behind the wait (TCPStore serializes its client).
+  // thread's store calls are not held up behind the wait (TCPStore serializes its client), and
+  // gives up with fsdp::Error once `*cancel` turns true.
   int64_t reserve_agreement() { return next_agreement(); }
-  void check_all_ok_reserved(int64_t id, const std::string& what, const std::string& local_error);
+  void check_all_ok_reserved(int64_t id, const std::string& what, const std::string& local_error,
+                             const std::atomic<bool>* cancel);
 
  private:
   // Waits until `count_key` reached `expected` (every rank add()s 1), up to the timeout. The
   // last arrival sets `count_key + "/all"`, which the others wait for. Returns how many arrived.
-  // `poll`: wait by checking the key every millisecond instead of blocking in the store.
+  // `cancel` (not null): wait by checking the key every millisecond instead of blocking in the
+  // store, and throw fsdp::Error once *cancel is true.
   int64_t arrive_and_wait(const std::string& count_key, int64_t expected, bool wait,
-                          bool poll = false);
+                          const std::atomic<bool>* cancel = nullptr);
   void check_all_ok_as(int64_t id, const std::string& what, const std::string& local_error,
-                       bool poll);
+                       const std::atomic<bool>* cancel);
   void check_same_job();
   int64_t next_agreement();
 

@@ -262,8 +262,8 @@ int64_t reserve_agreement(Runtime& rt) {
 }
 
 void check_all_ok_reserved(Runtime& rt, int64_t id, const std::string& what,
-                           const std::string& local_error) {
-  RuntimeFactory::rendezvous(rt).check_all_ok_reserved(id, what, local_error);
+                           const std::string& local_error, const std::atomic<bool>* cancel) {
+  RuntimeFactory::rendezvous(rt).check_all_ok_reserved(id, what, local_error, cancel);
 }
 
 }  // namespace detail

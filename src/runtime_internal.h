@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -33,9 +34,9 @@ void check_one_gpu_per_rank(int64_t local_rank, int64_t local_world_size, int64_
 
 // Runtime::check_all_ok in two halves (Rendezvous::check_all_ok_reserved): reserve on the
 // caller's thread, in the same order on every rank as the other agreements; run later, on any
-// thread (an asynchronous save's writer).
+// thread (an asynchronous save's writer), until *cancel turns true.
 int64_t reserve_agreement(Runtime& rt);
 void check_all_ok_reserved(Runtime& rt, int64_t id, const std::string& what,
-                           const std::string& local_error);
+                           const std::string& local_error, const std::atomic<bool>* cancel);
 
 }  // namespace fsdp::detail

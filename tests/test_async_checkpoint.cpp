@@ -274,6 +274,27 @@ TEST(AsyncCheckpoint, ArgumentsOneRankRefusesAreRaisedOnEveryRank) {
   });
 }
 
+// A checkpointer destroyed while its save waits for a rank that never started it (that rank went
+// another way, e.g. it threw) returns at once instead of waiting out the rendezvous timeout.
+TEST(AsyncCheckpoint, DestructorDoesNotWaitForRanksThatNeverSaved) {
+  TempDir tmp;
+  const auto st = FSDPStrategy().sharding_strategy(ShardingStrategy::kFullShard).device_mesh({2});
+  run_ranks(2, [&](Runtime& rt) {
+    auto model = shard(make_net(), st, borrow(rt));
+    torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
+    step(model, opt, rt, 0);
+    if (rt.rank() != 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      AsyncCheckpointer saver;
+      saver.save(checkpoint_path(tmp / "ck", 1), model, &opt, {1});
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the writer is waiting
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));  // timeout: 60 s
+    EXPECT_FALSE(latest_checkpoint(tmp / "ck").has_value());
+  });
+}
+
 // A save() while another is in flight commits the first one first: both end complete.
 TEST(AsyncCheckpoint, SaveCommitsThePreviousSaveFirst) {
   TempDir tmp;

@@ -44,7 +44,8 @@ class AsyncCheckpointer {
  public:
   AsyncCheckpointer();
   // Joins the background write if one runs, without committing it: the checkpoint stays
-  // "<path>.partial" (call wait() first to commit it). Never throws.
+  // "<path>.partial" (call wait() first to commit it). A background thread still waiting for
+  // ranks that never started the same save stops waiting and writes nothing. Never throws.
   ~AsyncCheckpointer();
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;

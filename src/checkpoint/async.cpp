@@ -32,6 +32,7 @@ struct AsyncCheckpointer::Impl {
   at::Tensor staging;  // bytes, kept between saves
   std::thread writer;
   std::atomic<bool> written{false};
+  std::atomic<bool> cancel{false};  // the destructor's: stop waiting for the other ranks
   std::string write_error;  // set by the writer thread before `written`
   // Set by the writer thread instead when the save's agreement failed: the message every rank
   // raises (the agreement failed on every rank), no collective needed.
@@ -39,6 +40,7 @@ struct AsyncCheckpointer::Impl {
   double last_blocked = 0;
 
   ~Impl() {
+    cancel = true;  // a save whose ranks never all arrived must not hold the destructor
     join();
     detail::add_checkpoint_staging_bytes(-staging_bytes());
   }
@@ -111,7 +113,8 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
     PendingSave& p = *m.pending;
     m.agree_error = capture([&] {
       detail::check_all_ok_reserved(*p.rt, agreement, p.what,
-                                    p.error.empty() ? detail::make_partial_dir(p) : p.error);
+                                    p.error.empty() ? detail::make_partial_dir(p) : p.error,
+                                    &m.cancel);
     });
     if (m.agree_error.empty()) m.write_error = write_shard_image(p, base);
     m.written = true;
