@@ -212,7 +212,7 @@ void Rendezvous::check_agreement(const std::string& what, const std::string& val
 }
 
 void Rendezvous::check_all_ok(const std::string& what, const std::string& local_error) {
-  check_all_ok_as(env_.world_size == 1 ? 0 : next_agreement(), what, local_error, nullptr);
+  check_all_ok_as(next_agreement(), what, local_error, nullptr);
 }
 
 void Rendezvous::check_all_ok_reserved(int64_t id, const std::string& what,

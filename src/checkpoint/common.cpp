@@ -44,30 +44,35 @@ namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
 }  // namespace
 
-at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype) {
-  const auto options = at::TensorOptions().dtype(dtype);
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  if (bytes < kHugePage) return at::empty({numel}, options);
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+namespace {
+
+// `numel` elements of `dtype` in a heap block of at least `bytes`, starting at `align`.
+at::Tensor aligned_tensor(int64_t numel, at::ScalarType dtype, size_t align, size_t bytes) {
   void* p = nullptr;
-  if (::posix_memalign(&p, kHugePage, rounded) != 0) throw std::bad_alloc();
+  if (::posix_memalign(&p, align, std::max<size_t>(bytes, 1)) != 0) throw std::bad_alloc();
+  return at::from_blob(p, {numel}, [](void* q) { std::free(q); },
+                       at::TensorOptions().dtype(dtype));
+}
+
+}  // namespace
+
+at::Tensor empty_mapped(int64_t numel, at::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes < kHugePage) return at::empty({numel}, at::TensorOptions().dtype(dtype));
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  at::Tensor t = aligned_tensor(numel, dtype, kHugePage, rounded);
 #ifdef MADV_HUGEPAGE
-  (void)::madvise(p, rounded, MADV_HUGEPAGE);
+  (void)::madvise(t.data_ptr(), rounded, MADV_HUGEPAGE);
 #endif
 #ifdef MADV_POPULATE_WRITE
-  (void)::madvise(p, rounded, MADV_POPULATE_WRITE);
+  (void)::madvise(t.data_ptr(), rounded, MADV_POPULATE_WRITE);
 #endif
-  return at::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
+  return t;
 }
 
 at::Tensor empty_direct_buffer(int64_t bytes) {
   if (static_cast<size_t>(bytes) >= kHugePage) return empty_mapped(bytes, at::kByte);
-  void* p = nullptr;
-  if (::posix_memalign(&p, kDirectAlign, static_cast<size_t>(std::max<int64_t>(bytes, 1))) != 0) {
-    throw std::bad_alloc();
-  }
-  return at::from_blob(p, {bytes}, [](void* q) { std::free(q); },
-                       at::TensorOptions().dtype(at::kByte));
+  return aligned_tensor(bytes, at::kByte, kDirectAlign, static_cast<size_t>(bytes));
 }
 
 namespace {

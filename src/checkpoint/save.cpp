@@ -42,8 +42,7 @@ PendingSave plan_save(const std::string& path, ShardedModuleBase& model,
   p.s_index = e.shard_group()->rank();
   p.writer = e.replicate_group()->rank() == 0;
   const auto chunks = static_cast<int64_t>(p.layout.chunks.size());
-  p.crcs = at::zeros({chunks + e.shard_group()->size() + 1},
-                     at::TensorOptions().dtype(at::kLong));
+  p.crcs = at::zeros({chunks + e.shard_group()->size()}, at::TensorOptions().dtype(at::kLong));
   if (options.rng) p.rng = rng_state(p.rt->device(), &p.rng_cuda_bytes);
   return p;
 }
@@ -141,7 +140,7 @@ std::string write_shard_image(PendingSave& p, const uint8_t* image) {
     }
     record_file_crc(p, file_crc);
     File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
-    if (!f.write_direct(image, end)) p.crcs.data_ptr<int64_t>()[p.crcs.numel() - 1] = 1;
+    p.page_cache_write = !f.write_direct(image, end);
     f.sync_and_close();
   });
 }
@@ -252,7 +251,10 @@ void rename_checkpoint_into_place(const std::string& partial, const std::string&
 CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
   Runtime& rt = *p.rt;
   rt.check_all_ok(p.what, write_error);
-  const at::Tensor crcs = world_sum(rt, p.crcs);
+  // The CRCs and, in the same all-reduce, how many ranks wrote through the page cache.
+  const at::Tensor summed = world_sum(
+      rt, at::cat({p.crcs, at::full({1}, p.page_cache_write ? 1 : 0, p.crcs.options())}));
+  const at::Tensor crcs = summed.narrow(0, 0, p.crcs.numel());
   const at::Tensor rng = p.rng.defined() ? world_gather(rt, p.rng) : at::Tensor();
   int64_t total_bytes = 0, files = 0;
   std::string err = capture([&] {
@@ -275,7 +277,7 @@ CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
   info.bytes = total_bytes;
   info.files = files;
   info.seconds = seconds_since(p.t0);
-  info.page_cache_writes = crcs.data_ptr<int64_t>()[crcs.numel() - 1];
+  info.page_cache_writes = summed.data_ptr<int64_t>()[p.crcs.numel()];
   return info;
 }
 

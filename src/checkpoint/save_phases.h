@@ -27,9 +27,8 @@ struct PendingSave {
   std::string meta_state;
   int64_t s_index = 0;
   bool writer = false;
-  // Per chunk its CRC, then per file its CRC, then 1 if this rank's file went through the page
-  // cache although written with write_direct (summed over ranks at commit).
-  at::Tensor crcs;
+  at::Tensor crcs;  // per chunk its CRC, then per file its CRC (summed over ranks at commit)
+  bool page_cache_write = false;  // write_shard_image's file went through the page cache
   at::Tensor rng;   // this rank's generator states at the save (checkpoint/common.h rng_state)
   int64_t rng_cuda_bytes = 0;  // of which the CUDA generator's (its last bytes)
   std::chrono::steady_clock::time_point t0;
