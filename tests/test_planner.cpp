@@ -133,8 +133,8 @@ TEST(Planner, ExposedCommunicationIsFirstGatherAndLastReduce) {
 }
 
 // A CPU node (node_shared) without a spare core: nothing overlaps, and the step is compute +
-// x * communication, x = max(1, (r - 1) / (m - 1)) at r ranks per core for links measured at m
-// (NOTE [planner cost model]).
+// x * communication, x = k r / m at r ranks per core for links measured at m (at least 1) and
+// k = comm_contention (NOTE [planner cost model]).
 TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   ClusterSpec c = toy_cluster(1, 2, 1);
   c.node_shared = true;
@@ -142,18 +142,26 @@ TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   c.comm_ranks_per_node = 8;  // links measured at 2 ranks per core
   EXPECT_EQ(c.shared_comm_exposure(), 0);  // a spare core
   c.cores = 2;
-  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 0.25);  // 1 per core, measured at 4 per core
   c.comm_ranks_per_node = 4;
   c.ranks_per_node = 4;
-  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);  // as measured
   c.ranks_per_node = 8;
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 2);  // twice the ranks on each core
+  c.comm_contention = 1.5;
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 3);
-  c.comm_ranks_per_node = 2;  // measured with a core per rank: r
-  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 4);
-  c.comm_ranks_per_node = 0;  // not recorded: as planned
+  c.comm_ranks_per_node = 2;  // measured with a core per rank
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 6);
+  c.comm_ranks_per_node = 1;  // with a spare core: as with a core per rank
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 6);
+  c.comm_ranks_per_node = 0;  // not recorded: measured as planned
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1.5);
+  c.comm_contention = 0;  // not measured: 1
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
-  c.cores = 0;  // unknown cores: nothing overlaps
+  c.cores = 0;  // unknown cores: nothing overlaps, k x communication
   EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1);
+  c.comm_contention = 1.5;
+  EXPECT_DOUBLE_EQ(c.shared_comm_exposure(), 1.5);
   c.node_shared = false;
   EXPECT_EQ(c.shared_comm_exposure(), 0);
 
@@ -168,10 +176,12 @@ TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   const auto spare = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 2);
   EXPECT_LT(spare.time.step, spare.time.compute + spare.time.communication);  // some hidden
   cpu.cores = 2;
+  cpu.comm_ranks_per_node = 2;  // measured at 1 per core, planned at 1 per core
   const auto one = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 2);
   EXPECT_NEAR(one.time.step, one.time.compute + one.time.communication, 1e-9 * one.time.step);
   cpu.comm_ranks_per_node = 4;  // measured at 2 per core
-  cpu.ranks_per_node = 8;        // planned at 4 per core: compute + 3 x communication
+  cpu.ranks_per_node = 8;        // planned at 4 per core, k = 1.5: compute + 3 x communication
+  cpu.comm_contention = 1.5;
   const auto four = evaluate_candidate(m, cpu, PlanOptions{}, ShardingStrategy::kFullShard, 1, 8);
   EXPECT_NEAR(four.time.step, four.time.compute + 3 * four.time.communication,
               1e-9 * four.time.step);
@@ -247,6 +257,9 @@ TEST(Planner, BadInputIsOneLine) {
   neg = c;
   neg.comm_ranks_per_node = -2;
   expect_one_line(error_of([&] { plan_cluster(tiny, neg, {}); }), "comm_ranks_per_node -2");
+  neg.comm_ranks_per_node = 0;
+  neg.comm_contention = -1;
+  expect_one_line(error_of([&] { plan_cluster(tiny, neg, {}); }), "comm_contention -1");
   expect_one_line(error_of([] { cluster_preset("dgx-9000"); }), "dgx-9000");
   expect_one_line(error_of([] { model_preset("gpt-7"); }), "gpt-7");
   expect_one_line(error_of([] { parse_cluster_json("{\"name\": \"x\",", "cluster file 'c.json'"); }),

@@ -107,12 +107,16 @@ struct ClusterSpec {
   int64_t cores = 0;
   // node_shared: the ranks per node the links were measured with (0: ranks_per_node).
   int64_t comm_ranks_per_node = 0;
+  // node_shared: how many times their benchmarked time the collectives take inside a training
+  // step at that density (ranks reach them at different moments when cores are shared);
+  // measured by fsdp-plan --calibrate from one training run; 0: not measured, taken as 1.
+  double comm_contention = 0;
   int64_t rank_memory() const { return node_shared ? memory_bytes / ranks_per_node : memory_bytes; }
   double rank_flops() const;  // achievable FLOP/s of one rank
   // node_shared: how much of the collectives' time a step waits for (NOTE [planner cost
   // model]): 0 with a spare core (they overlap as scheduled); with r >= 1 ranks per core
-  // max(1, (r - 1) / (m - 1)) for links measured at m > 1 ranks per core, r for m <= 1; 1 when
-  // the cores are unknown. 0 if not node_shared.
+  // k r / m for links measured at m ranks per core (m at least 1) and k = comm_contention;
+  // k when the cores are unknown. 0 if not node_shared.
   double shared_comm_exposure() const;
   std::map<std::string, std::string> sources;  // field -> where its number comes from
   int64_t world_size() const { return nodes * ranks_per_node; }

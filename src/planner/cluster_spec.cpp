@@ -42,12 +42,13 @@ double ClusterSpec::rank_flops() const {
 
 double ClusterSpec::shared_comm_exposure() const {
   if (!node_shared) return 0;
-  if (cores <= 0) return 1;
+  const double k = comm_contention > 0 ? comm_contention : 1.0;
+  if (cores <= 0) return k;
   const double r = double(ranks_per_node) / double(cores);
   if (r < 1) return 0;
   const int64_t measured = comm_ranks_per_node > 0 ? comm_ranks_per_node : ranks_per_node;
-  const double m = double(measured) / double(cores);
-  return m > 1 ? std::max(1.0, (r - 1) / (m - 1)) : r;
+  const double m = std::max(1.0, double(measured) / double(cores));
+  return k * r / m;
 }
 
 void ClusterSpec::validate() const {
@@ -66,6 +67,9 @@ void ClusterSpec::validate() const {
   positive("nics_per_node", double(nics_per_node), "give the NICs of one node");
   FSDP_CHECK(cores >= 0 && comm_ranks_per_node >= 0, "cluster ", name, ": cores ", cores,
              " and comm_ranks_per_node ", comm_ranks_per_node, " must be 0 (unknown) or more");
+  FSDP_CHECK(comm_contention >= 0 && std::isfinite(comm_contention), "cluster ", name,
+             ": comm_contention ", comm_contention,
+             " must be 0 (not measured) or more; fsdp-plan --calibrate measures it");
   for (const auto* l : {&intra, &inter}) {
     const char* which = l == &intra ? "intra" : "inter";
     FSDP_CHECK(!l->bands.empty(), "cluster ", name, ": '", which, "' has no bandwidth; give ",
@@ -139,6 +143,7 @@ ClusterSpec parse_cluster(const Json& j, const std::string& where) {
   }
   c.cores = static_cast<int64_t>(number(j, "cores", w, false, 0));
   c.comm_ranks_per_node = static_cast<int64_t>(number(j, "comm_ranks_per_node", w, false, 0));
+  c.comm_contention = number(j, "comm_contention", w, false, 0);
   if (j.contains("sources") && j["sources"].is_object()) {
     for (const auto& [k, v] : j["sources"].items()) {
       if (v.is_string()) c.sources[k] = v.get<std::string>();
@@ -225,6 +230,7 @@ std::string cluster_to_json(const ClusterSpec& c) {
     j["node_shared"] = true;
     j["cores"] = c.cores;
     if (c.comm_ranks_per_node > 0) j["comm_ranks_per_node"] = c.comm_ranks_per_node;
+    if (c.comm_contention > 0) j["comm_contention"] = c.comm_contention;
   }
   j["memory_gib"] = double(c.memory_bytes) / kGiB;
   j["reserve_gib"] = double(c.reserve_bytes) / kGiB;

@@ -18,14 +18,17 @@
 // - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
 //   by their parameters; the head and its backward belong to the root.
 // - A CPU machine (ClusterSpec::node_shared) with no spare core: Gloo's copies and sums run on
-//   the cores that compute, so nothing overlaps: step = compute + x * communication. The links
-//   are measured at m ranks per core (comm_ranks_per_node); up to that x = 1, beyond it a ring
-//   step also waits for peers whose core runs other ranks' compute, x = (r - 1) / (m - 1) at r
-//   ranks per core (3 at 4 per core after measuring at 2). Measured here (2026-12-05): W = 2
-//   (one rank per core) steps exceed W = 1's with the same work per rank by about the whole
-//   ring time (NO_SHARD +0.027 s, FULL_SHARD +0.045 s); at 4 ranks per core the step exceeds
-//   compute by 1.4-3.7x the ring time measured at 2. The form was read off these runs; its one
-//   number is the calibration's m.
+//   the cores that compute, so nothing overlaps: step = compute + x * communication, with
+//   x = k r / m for r ranks per core planned and links measured at m ranks per core
+//   (comm_ranks_per_node; at least 1). A core runs the collective work of all its r ranks one
+//   after the other, so their time grows with r, and the benchmark already holds m ranks'
+//   worth. k (comm_contention) is how many times their benchmarked time the collectives take
+//   inside a step at r = m: ranks reach each collective at different moments when their cores
+//   also compute, and a ring step waits for the slowest. fsdp-plan --calibrate measures k from
+//   one FULL_SHARD run (1.6 here, 2026-12-05). Read off this machine's rows (bench "Planner"):
+//   (step - compute) / (benchmarked collectives) was 0.87 at one rank per core, 1.65 at two,
+//   3.1 at four (medians over strategies and two models) -- linear in r. An earlier rule,
+//   max(1, (r - 1) / (m - 1)), put 1 at two ranks per core and missed those rows by up to 31%.
 // Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
 // contention between compute and communication for memory bandwidth.
 #include <algorithm>

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -89,17 +90,19 @@ std::map<int64_t, std::vector<double>> measure_busbw(const CalibrateOptions& o,
   return busbw;
 }
 
-// 2. Compute: the median of the later step times of a one-process, one-thread run of the small
-//    GPT on `batch` x `seq` tokens.
+// 2. Compute: the median of the later step times of a one-thread-per-rank run of the small GPT
+//    on `batch` x `seq` tokens in all (one process: the compute rate; `devices` ranks of
+//    FULL_SHARD: the collectives inside a step, step 4).
 double measure_step_seconds(const CalibrateOptions& o, const std::string& self, int64_t batch,
-                            int64_t seq) {
+                            int64_t seq, int64_t devices = 1, int64_t steps = 0) {
   char tmpl[] = "/tmp/fsdp-calibrate-XXXXXX";
   const int fd = ::mkstemp(tmpl);
   FSDP_CHECK(fd >= 0, "cannot create a temporary file in /tmp");
   ::close(fd);
   run(kThreads + sibling(self, "fsdp-train") + " --model small --threads 1 --quiet --steps " +
-      std::to_string(o.steps) + " --global-batch " + std::to_string(batch) + " --seq-len " +
-      std::to_string(seq) + " --warmup-steps 1 --metrics " + tmpl + " > /dev/null");
+      std::to_string(steps > 0 ? steps : o.steps) + " --global-batch " + std::to_string(batch) + " --seq-len " +
+      std::to_string(seq) + " --warmup-steps 1 --devices " + std::to_string(devices) +
+      " --strategy full_shard --metrics " + tmpl + " > /dev/null");
   std::vector<double> times;
   std::ifstream metrics(tmpl);
   std::string line;
@@ -139,6 +142,34 @@ void fit_link(const std::map<int64_t, std::vector<double>>& busbw, int64_t devic
   }
 }
 
+// 4. Collectives inside a training step: `devices` ranks (the density the links were measured
+//    at) train the small GPT with FULL_SHARD, one sequence each, so the collectives are about
+//    half the step. k = (measured step - predicted compute) / predicted collectives' time: how
+//    many times their benchmarked time the collectives take in a step (NOTE [planner cost
+//    model]).
+double measure_contention(const CalibrateOptions& o, const std::string& self,
+                          fsdp::ClusterSpec c, std::string& source) {
+  const int64_t seq = 128;
+  // Short steps with a difference taken: more of them than for the compute rate.
+  const double step = measure_step_seconds(o, self, o.devices, seq, o.devices, 3 * o.steps);
+  fsdp::ModelSpec small = fsdp::model_preset("small");
+  small.seq_len = seq;
+  c.comm_contention = 1;
+  fsdp::PlanOptions po;
+  po.clip = true;  // fsdp-train clips by default
+  const fsdp::PlanCandidate p =
+      fsdp::evaluate_candidate(small, c, po, fsdp::ShardingStrategy::kFullShard, 1, o.devices);
+  const double k = (step - p.time.compute) / p.time.communication;
+  FSDP_CHECK(p.time.communication > 0 && k > 0 && std::isfinite(k), "--calibrate: a ",
+             o.devices, "-rank FULL_SHARD step took ", step, " s, no more than its predicted ",
+             "compute (", p.time.compute, " s): the machine was busy while calibrating; rerun "
+             "--calibrate on an idle machine");
+  source = cat("measured: fsdp-train --model small --devices ", o.devices, " --strategy full_shard, ",
+               o.devices, " x ", seq, " tokens, median step ", step, " s = predicted compute ",
+               p.time.compute, " s + k x the collectives' ", p.time.communication, " s");
+  return k;
+}
+
 }  // namespace
 
 int calibrate(const CalibrateOptions& o, const std::string& self) {
@@ -161,6 +192,8 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   c.inter = c.intra;
   c.ranks_per_node = o.devices;
   c.comm_ranks_per_node = o.devices;
+  std::string contention_source;
+  c.comm_contention = measure_contention(o, self, c, contention_source);
   c.sources = {
       {"peak_tflops", cat("measured: fsdp-train --model small, 1 process, 1 thread, ", batch, " x ",
                           seq, " tokens, median step ", step, " s (achieved rate, so fraction 1)")},
@@ -169,6 +202,7 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
                     "two smallest sizes, bands the bandwidth of the rest of each time")},
       {"memory_gib", "sysconf: physical memory, shared by the ranks"},
       {"cores", "sysconf: online CPUs"},
+      {"comm_contention", contention_source},
       {"reserve_gib", "the this-machine preset's assumption"}};
   c.validate();
   std::error_code ec;

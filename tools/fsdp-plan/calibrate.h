@@ -3,6 +3,8 @@
 //                size (the project's own collectives, as the engine runs them) -> the bands
 //   compute:     one-process fsdp-train steps of the small GPT, one thread -> FLOP/s of a core
 //   memory:      the node's physical memory, shared by the ranks; cores: online CPUs
+//   contention:  one FULL_SHARD run at --devices ranks -> how many times their benchmarked time
+//                the collectives take inside a training step (ClusterSpec::comm_contention)
 #pragma once
 
 #include <cstdint>
