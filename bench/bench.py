@@ -308,35 +308,46 @@ def planner(r, results, quick):
     worlds = [2] if quick else [2, 4, 8]
     strategies = ["full_shard", "no_shard"] if quick else [
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"]
-    steps = 3 if quick else 6
+    steps, rounds = (3, 1) if quick else (6, 3)
+    configs = [(model, batch, seq, w, s) for model, batch, seq in models for w in worlds
+               for s in strategies]
+    # Every configuration once per round, the order reversed every other round, so the machine's
+    # drift over the run (other jobs, its memory) lands on every strategy alike; the spread of a
+    # row over rounds says which measured differences are real.
+    measured = {}
+    for k in range(rounds):
+        for cfg in (configs if k % 2 == 0 else configs[::-1]):
+            model, batch, seq, w, s = cfg
+            log(f"planner: round {k + 1}/{rounds} {model} W={w} {s}")
+            measured.setdefault(cfg, []).append(r.fsdp(model, steps, batch, seq, w, s))
     rows = []
-    for model, batch, seq in models:
-        for w in worlds:
-            for s in strategies:
-                log(f"planner: {model} W={w} {s}")
-                m = r.fsdp(model, steps, batch, seq, w, s)
-                mesh = f"2,{w // 2}" if s.startswith("hybrid") else None
-                p = json.loads(subprocess.run(
-                    [plan, "--cluster", cluster, "--ranks-per-node", str(w), "--model", model,
-                     "--seq-len", str(seq), "--micro-batch", str(batch // w), "--clip",
-                     "--strategy", s, "--json"] + (["--mesh", mesh] if mesh else []),
-                    env=r.env, check=True, capture_output=True, text=True).stdout)
-                c = p["candidates"][0]
-                last = m["steps"][-1]
-                rows.append({"model": model, "world": w, "strategy": s, "mesh": c["mesh"],
-                             "global_batch": batch, "seq_len": seq, "command": m["command"],
-                             "measured_step_s": m["median_step_s"],
-                             "predicted_step_s": c["time_s"]["step"],
-                             "predicted_compute_s": c["time_s"]["compute"],
-                             "predicted_comm_s": c["time_s"]["communication"],
-                             "measured_sharded_state": last["sharded_state_bytes"],
-                             "predicted_sharded_state": c["memory_bytes"]["sharded_state"],
-                             "measured_comm": [last["comm_bytes"]["shard"],
-                                               last["comm_bytes"]["replicate"]],
-                             "predicted_comm": [c["comm_bytes_per_step"]["shard"]["total"],
-                                                c["comm_bytes_per_step"]["replicate"]["all_reduce"]]})
+    for cfg in configs:
+        model, batch, seq, w, s = cfg
+        runs = measured[cfg]
+        m = runs[0]
+        mesh = f"2,{w // 2}" if s.startswith("hybrid") else None
+        p = json.loads(subprocess.run(
+            [plan, "--cluster", cluster, "--ranks-per-node", str(w), "--model", model,
+             "--seq-len", str(seq), "--micro-batch", str(batch // w), "--clip",
+             "--strategy", s, "--json"] + (["--mesh", mesh] if mesh else []),
+            env=r.env, check=True, capture_output=True, text=True).stdout)
+        c = p["candidates"][0]
+        last = m["steps"][-1]
+        rows.append({"model": model, "world": w, "strategy": s, "mesh": c["mesh"],
+                     "global_batch": batch, "seq_len": seq, "command": m["command"],
+                     "measured_step_s": median([x["median_step_s"] for x in runs]),
+                     "measured_rounds_s": [x["median_step_s"] for x in runs],
+                     "predicted_step_s": c["time_s"]["step"],
+                     "predicted_compute_s": c["time_s"]["compute"],
+                     "predicted_comm_s": c["time_s"]["communication"],
+                     "measured_sharded_state": last["sharded_state_bytes"],
+                     "predicted_sharded_state": c["memory_bytes"]["sharded_state"],
+                     "measured_comm": [last["comm_bytes"]["shard"],
+                                       last["comm_bytes"]["replicate"]],
+                     "predicted_comm": [c["comm_bytes_per_step"]["shard"]["total"],
+                                        c["comm_bytes_per_step"]["replicate"]["all_reduce"]]})
     here = machine()
-    results["planner"] = {"cluster": json.load(open(cluster)), "rows": rows,
+    results["planner"] = {"cluster": json.load(open(cluster)), "rows": rows, "rounds": rounds,
                           "machine": {"cpu": here["cpu"], "kernel": here["kernel"],
                                       "load_before": load_before,
                                       "load_after": os.getloadavg()[0],
@@ -683,6 +694,18 @@ def memcpy_seconds(nbytes, procs, rounds=5):
     return slowest
 
 
+def read_into_new_memory(files):
+    """Seconds for one `dd bs=<file size>` per file, all at once: each reads its file into one
+    new buffer, as a loading rank does (its shards and optimizer state are new memory)."""
+    t = time.perf_counter()
+    procs = [subprocess.Popen(["dd", f"if={f}", "of=/dev/null", f"bs={max(1, os.path.getsize(f))}",
+                               "count=1", "iflag=fullblock", "status=none"]) for f in files]
+    for p in procs:
+        if p.wait(timeout=300) != 0:
+            raise RuntimeError(f"dd of {p.args[1]} failed ({p.returncode})")
+    return time.perf_counter() - t
+
+
 def checkpoint_io(r, results, quick):
     """Checkpoint I/O (issue 23): fsdp-train's sharded save (fsyncs included) and load
     (--resume with nothing left to train: the load alone, rank 0's timer) of a GPT with AdamW,
@@ -718,6 +741,10 @@ def checkpoint_io(r, results, quick):
             t = time.perf_counter()
             subprocess.run(["cat"] + files, stdout=subprocess.DEVNULL, check=True)
             rows[f"cat_{temp}_s"].append(time.perf_counter() - t)
+            # The same files read as the ranks read them: at once, each into new memory.
+            if temp == "cold":
+                dropped = drop_page_cache() and dropped
+            rows.setdefault(f"dd_new_{temp}_s", []).append(read_into_new_memory(files))
             if temp == "cold":
                 dropped = drop_page_cache() and dropped
             out = subprocess.run(args + ["--resume"], env=r.env, check=True, capture_output=True,
@@ -730,11 +757,14 @@ def checkpoint_io(r, results, quick):
         rows.setdefault("first_touch_s", []).append(time.perf_counter() - t)
         del fresh
     io = {k: median(v) for k, v in rows.items()}
+    io["best"] = {k: min(v) for k, v in rows.items()}
     io.update(bytes=nbytes, world=world, model=model, rounds=rounds, runs=rows,
               cache_dropped=dropped, command=shown(args))
     for what in ("save", "load_cold", "load_warm"):
         base = {"save": "dd_write", "load_cold": "cat_cold", "load_warm": "cat_warm"}[what]
         io[f"{what}_ratio"] = io[f"{base}_s"] / io[f"{what}_s"]
+        if what != "save":
+            io[f"{what}_new_memory_ratio"] = io[f"dd_new_{what[5:]}_s"] / io[f"{what}_s"]
         log(f"checkpoint: {what} {nbytes / 2**20 / io[f'{what}_s']:.0f} MiB/s, "
             f"{base} {nbytes / 2**20 / io[f'{base}_s']:.0f} MiB/s ({100 * io[f'{what}_ratio']:.0f}%)")
 

@@ -41,6 +41,14 @@ drop_caches
 echo "== dd sequential read, $mib MiB"
 dd if="$DIR/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1
 rm -f "$DIR/dd.bin"
+drop_caches
+echo "== the checkpoint's files read at once, each into one new buffer (as the ranks load)"
+start=$(date +%s.%N)
+for f in "$DIR"/ck/step-00000001/*; do
+  dd if="$f" of=/dev/null bs="$(stat -c %s "$f")" count=1 iflag=fullblock status=none &
+done
+wait
+echo "$(echo "$bytes / 1048576 / ($(date +%s.%N) - $start)" | bc) MiB/s"
 
 drop_caches
 echo "== fsdp-train load (--resume, nothing left to train)"
