@@ -66,10 +66,12 @@ def planner_section(pl, cores):
           "`fsdp-plan --cluster FILE --json` for the same model, batch, strategy and mesh. "
           "Sharded state and bytes per step must be equal; step time is the cost model's "
           "prediction: on a CPU whose cores all compute nothing overlaps, so compute + x times "
-          "the collectives' time, x = 1 up to the "
-          f"{c.get('comm_ranks_per_node', 0) / max(1, c.get('cores', 1)):g} ranks per core the links "
-          "were measured at and (r - 1) / (m - 1) at r per core beyond (NOTE [planner cost "
-          "model]).", "",
+          "the collectives' benchmarked time, x = k r / m at r ranks per core, the links measured "
+          f"at m = {c.get('comm_ranks_per_node', 0) / max(1, c.get('cores', 1)):g} per core, and "
+          + (f"k = {c['comm_contention']:.2f} measured by the calibration's {c.get('comm_ranks_per_node', 0)}"
+             "-rank FULL_SHARD run of the small GPT (4 sequences of 128 tokens, unlike every row "
+             "below)" if c.get("comm_contention") else "k = 1 (not measured)")
+          + " (NOTE [planner cost model]).", "",
           f"Each configuration ran once per round, {pl.get('rounds', 1)} round(s), the order "
           "reversed every other round; `measured` is the median over rounds, `rounds` the "
           "fastest and slowest round.", "",
