@@ -317,3 +317,46 @@ TEST(AsyncCheckpoint, SaveCommitsThePreviousSaveFirst) {
     }
   });
 }
+
+// reserve() allocates the staging buffer in the background: it is counted at once, the save
+// adopts it instead of allocating (the same size, no growth), and what it writes loads. A
+// reservation made before the optimizer has state is smaller; the save grows it. Local: one
+// rank reserving and the other not is fine.
+TEST(AsyncCheckpoint, ReserveAllocatesTheStagingBufferAhead) {
+  TempDir tmp;
+  const std::string dir = tmp / "ck";
+  const auto st = FSDPStrategy().sharding_strategy(ShardingStrategy::kFullShard).device_mesh({2});
+  run_ranks(2, [&](Runtime& rt) {
+    auto model = shard(make_net(), st, borrow(rt));
+    torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
+    AsyncCheckpointer early, saver;
+    early.reserve(model, &opt);  // no optimizer state yet: the shards only
+    const int64_t params_only = early.staging_bytes();
+    EXPECT_GT(params_only, 0);
+    step(model, opt, rt, 0);
+    if (rt.rank() == 0) saver.reserve(model, &opt);
+    const int64_t reserved = saver.staging_bytes();
+    if (rt.rank() == 0) {
+      EXPECT_GT(reserved, params_only);  // AdamW's two moments too
+      EXPECT_GE(process_memory().checkpoint_staging, reserved + params_only);
+    } else {
+      EXPECT_EQ(reserved, 0);
+    }
+    saver.save(checkpoint_path(dir, 1), model, &opt, {1});
+    const int64_t used = saver.staging_bytes();
+    if (rt.rank() == 0) EXPECT_EQ(used, reserved);  // adopted, not grown
+    saver.reserve(model, &opt);  // in flight and big enough: nothing to do
+    EXPECT_EQ(saver.staging_bytes(), used);
+    ASSERT_TRUE(saver.wait().has_value());
+    early.save(checkpoint_path(dir, 2), model, &opt, {2});
+    EXPECT_EQ(early.staging_bytes(), used);  // grown to what the save needs
+    ASSERT_TRUE(early.wait().has_value());
+    TrainingState got;
+    load_checkpoint(checkpoint_path(dir, 1), model, &opt, &got);
+    EXPECT_EQ(got.step, 1);
+    if (rt.rank() == 0) {
+      for (const auto& e : list_checkpoints(dir)) EXPECT_NO_THROW(verify_checkpoint(e.path));
+    }
+  });
+  EXPECT_EQ(process_memory().checkpoint_staging, 0);  // released with the checkpointers
+}

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/save_phases.h"
 #include "fsdp/memory.h"
@@ -31,6 +32,12 @@ struct AsyncCheckpointer::Impl {
   std::optional<PendingSave> pending;
   at::Tensor staging;  // bytes, kept between saves
   std::thread writer;
+  // reserve(): allocates and first-touches a staging buffer of `reserving` bytes in the
+  // background into `reserved`; the next save() joins it and adopts the buffer.
+  std::thread reserver;
+  at::Tensor reserved;
+  int64_t reserving = 0;
+  std::string reserve_error;  // set by the reserver instead of `reserved`
   std::atomic<bool> written{false};
   std::atomic<bool> cancel{false};  // the destructor's: stop waiting for the other ranks
   std::string write_error;  // set by the writer thread before `written`
@@ -42,11 +49,26 @@ struct AsyncCheckpointer::Impl {
   ~Impl() {
     cancel = true;  // a save whose ranks never all arrived must not hold the destructor
     join();
+    (void)adopt_reserved();
     detail::add_checkpoint_staging_bytes(-staging_bytes());
   }
-  int64_t staging_bytes() const { return staging.defined() ? staging.numel() : 0; }
+  // The buffer staging_bytes() reports and memory_stats counts: a reservation counts at once.
+  int64_t staging_bytes() const {
+    return std::max(staging.defined() ? staging.numel() : 0, reserving);
+  }
   void join() {
     if (writer.joinable()) writer.join();
+  }
+  // Waits for a reservation and makes its buffer the staging buffer; returns "" or why the
+  // reservation failed (the staging buffer then stays as it was).
+  std::string adopt_reserved() {
+    if (reserver.joinable()) reserver.join();
+    const int64_t counted = staging_bytes();
+    if (reserved.defined()) staging = std::move(reserved);
+    reserved = at::Tensor();
+    reserving = 0;
+    detail::add_checkpoint_staging_bytes(staging_bytes() - counted);
+    return std::exchange(reserve_error, {});
   }
   CheckpointInfo commit() {
     join();
@@ -59,18 +81,29 @@ struct AsyncCheckpointer::Impl {
 
 namespace {
 
+// This rank's file size, and the staging it needs: whole blocks, aligned, so the writer can
+// bypass the page cache (NOTE [direct writes]).
+int64_t file_bytes(const PendingSave& p) {
+  return p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
+}
+
+// A staging buffer of `whole` bytes, its pages touched: pinned host memory on CUDA.
+at::Tensor new_staging(bool cuda, int64_t whole) {
+  return cuda ? at::empty({whole}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))
+              : detail::empty_direct_buffer(whole);
+}
+
 // Copies this rank's file, laid out as on disk, into the staging buffer (grown if needed), so
 // the writer needs nothing else. Returns the image.
 uint8_t* stage(AsyncCheckpointer::Impl& m, const PendingSave& p,
                const torch::optim::Optimizer* optimizer) {
-  const int64_t bytes = p.writer ? p.layout.file_bytes[static_cast<size_t>(p.s_index)] : 0;
-  // Whole blocks, aligned, so the writer can bypass the page cache (NOTE [direct writes]).
+  const int64_t bytes = file_bytes(p);
   const int64_t whole = detail::direct_bytes(bytes);
+  const std::string reserve_error = m.adopt_reserved();
+  FSDP_CHECK(reserve_error.empty(), reserve_error);
   if (!m.staging.defined() || m.staging.numel() < whole) {
     detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
-    m.staging = p.rt->device().is_cuda()
-                    ? at::empty({whole}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))
-                    : detail::empty_direct_buffer(whole);
+    m.staging = new_staging(p.rt->device().is_cuda(), whole);
   }
   const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
   auto* base = m.staging.data_ptr<uint8_t>();
@@ -120,6 +153,31 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
     m.written = true;
   });
   m.last_blocked = seconds_since(t0);
+}
+
+void AsyncCheckpointer::reserve(ShardedModuleBase& model, const torch::optim::Optimizer* optimizer,
+                                const TrainingState& state) {
+  Impl& m = *impl_;
+  CheckpointOptions no_rng;
+  no_rng.rng = false;
+  const PendingSave p = plan_save("reserve", model, optimizer, state, no_rng);
+  if (!p.error.empty()) throw Error(detail::cat("AsyncCheckpointer::reserve: ", p.error));
+  const int64_t whole = detail::direct_bytes(file_bytes(p));
+  const std::string earlier = m.adopt_reserved();  // one reservation at a time
+  FSDP_CHECK(earlier.empty(), earlier);
+  if (m.staging_bytes() >= whole) return;
+  m.join();  // this rank's background write reads the staging buffer: let it finish
+  detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
+  m.reserving = whole;
+  const bool cuda = p.rt->device().is_cuda();
+  m.reserver = std::thread([&m, cuda, whole] {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    m.reserve_error = capture([&] { m.reserved = new_staging(cuda, whole); });
+    if (!m.reserve_error.empty()) {
+      m.reserve_error = detail::cat("reserving a staging buffer of ", whole, " bytes failed: ",
+                                    m.reserve_error);
+    }
+  });
 }
 
 std::optional<CheckpointInfo> AsyncCheckpointer::poll() {

@@ -377,6 +377,12 @@ StepRecord Trainer::gather_metrics(
 
 double Trainer::checkpoint_after(int64_t step) {
   double blocked_by_save = -1;  // a background save started after this step: its cost
+  // The optimizer has its state now: the staging buffer is allocated in the background, so
+  // the first background save blocks only for its copy, as the later ones do.
+  if (o_.checkpoint_async && !staging_reserved_) {
+    saver_.reserve(model_, &optimizer_);
+    staging_reserved_ = true;
+  }
   if (!o_.checkpoint_dir.empty() && o_.checkpoint_every > 0 &&
       (step + 1) % o_.checkpoint_every == 0 && step + 1 < o_.steps) {
     save(step + 1, o_.checkpoint_async);

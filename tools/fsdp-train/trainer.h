@@ -103,6 +103,7 @@ class Trainer {
   std::ofstream metrics_;  // --metrics, rank 0
   BatchSampler sampler_;
   fsdp::AsyncCheckpointer saver_;
+  bool staging_reserved_ = false;  // saver_.reserve() called (after the first step run)
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
   Progress progress_;
   int64_t first_step_ = 0;
