@@ -320,8 +320,9 @@ TEST(AsyncCheckpoint, SaveCommitsThePreviousSaveFirst) {
 
 // reserve() allocates the staging buffer in the background: it is counted at once, the save
 // adopts it instead of allocating (the same size, no growth), and what it writes loads. A
-// reservation made before the optimizer has state is smaller; the save grows it. Local: one
-// rank reserving and the other not is fine.
+// reservation made before the optimizer has state is smaller; a second one, made while a save
+// from the first is in flight, leaves the buffer being written alone. Local: one rank
+// reserving and the other not is fine.
 TEST(AsyncCheckpoint, ReserveAllocatesTheStagingBufferAhead) {
   TempDir tmp;
   const std::string dir = tmp / "ck";
@@ -333,7 +334,17 @@ TEST(AsyncCheckpoint, ReserveAllocatesTheStagingBufferAhead) {
     early.reserve(model, &opt);  // no optimizer state yet: the shards only
     const int64_t params_only = early.staging_bytes();
     EXPECT_GT(params_only, 0);
+    early.save(checkpoint_path(dir, 0), model, &opt, {0});  // written from the reservation
     step(model, opt, rt, 0);
+    // A bigger reservation while that write runs: allocated beside the buffer being written,
+    // which stays until the save is committed (ASan would see it freed under the writer).
+    early.reserve(model, &opt);
+    EXPECT_GT(early.staging_bytes(), params_only);
+    const int64_t grown = early.staging_bytes();
+    early.reserve(model, &opt);  // waits for the first; adopting it here would free the buffer
+    EXPECT_EQ(early.staging_bytes(), grown);
+    EXPECT_TRUE(early.in_flight());
+    ASSERT_TRUE(early.wait().has_value());
     if (rt.rank() == 0) saver.reserve(model, &opt);
     const int64_t reserved = saver.staging_bytes();
     if (rt.rank() == 0) {
@@ -349,7 +360,7 @@ TEST(AsyncCheckpoint, ReserveAllocatesTheStagingBufferAhead) {
     EXPECT_EQ(saver.staging_bytes(), used);
     ASSERT_TRUE(saver.wait().has_value());
     early.save(checkpoint_path(dir, 2), model, &opt, {2});
-    EXPECT_EQ(early.staging_bytes(), used);  // grown to what the save needs
+    EXPECT_EQ(early.staging_bytes(), used);  // the second reservation, adopted
     ASSERT_TRUE(early.wait().has_value());
     TrainingState got;
     load_checkpoint(checkpoint_path(dir, 1), model, &opt, &got);

@@ -30,7 +30,7 @@
 // The files are exactly those of save_checkpoint (NOTE [checkpoint format]); load_checkpoint
 // reads them.
 // The first save allocates the staging buffer, and touching new memory is what made it block
-// 0.27-0.38 s on this project's VM where later saves block ~0.01 s: reserve() allocates it on a
+// 0.02-0.38 s on this project's VM where later saves block ~0.01 s: reserve() allocates it on a
 // background thread ahead of time (fsdp-train calls it after the first step), so every save
 // blocks only for the copy.
 #pragma once
@@ -80,9 +80,9 @@ class AsyncCheckpointer {
   // `optimizer` and `state` needs, and returns at once; the next save() adopts it (waiting for
   // the allocation if it has not finished). Call it once the optimizer has its state (after the
   // first step): what a save needs beyond the reservation is allocated by that save. Local: no
-  // collective, any rank may call it or not. Waits for this rank's background write if a save
-  // is in flight (that write reads the buffer). staging_bytes() and memory_stats count the
-  // reservation at once. Throws fsdp::Error for arguments save_checkpoint refuses; a failed
+  // collective, any rank may call it or not, also while a save is in flight (its write keeps
+  // its buffer; the next save adopts the new one). One reservation at a time: a second waits
+  // for the first. staging_bytes() and memory_stats count the reservation at once. Throws fsdp::Error for arguments save_checkpoint refuses; a failed
   // allocation is raised by the next save() (on every rank, as a refused argument) or reserve().
   void reserve(ShardedModuleBase& model, const torch::optim::Optimizer* optimizer,
                const TrainingState& state = {});

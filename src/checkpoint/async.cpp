@@ -49,7 +49,7 @@ struct AsyncCheckpointer::Impl {
   ~Impl() {
     cancel = true;  // a save whose ranks never all arrived must not hold the destructor
     join();
-    (void)adopt_reserved();
+    (void)finish_reservation();
     detail::add_checkpoint_staging_bytes(-staging_bytes());
   }
   // The buffer staging_bytes() reports and memory_stats counts: a reservation counts at once.
@@ -59,16 +59,29 @@ struct AsyncCheckpointer::Impl {
   void join() {
     if (writer.joinable()) writer.join();
   }
-  // Waits for a reservation and makes its buffer the staging buffer; returns "" or why the
-  // reservation failed (the staging buffer then stays as it was).
-  std::string adopt_reserved() {
+  // Waits for a reservation in progress; returns "" or why it failed (a failed one is
+  // forgotten and no longer counted).
+  std::string finish_reservation() {
     if (reserver.joinable()) reserver.join();
+    if (reserve_error.empty()) return {};
     const int64_t counted = staging_bytes();
-    if (reserved.defined()) staging = std::move(reserved);
     reserved = at::Tensor();
     reserving = 0;
     detail::add_checkpoint_staging_bytes(staging_bytes() - counted);
     return std::exchange(reserve_error, {});
+  }
+  // Makes a finished reservation the staging buffer. Only while no background write runs: the
+  // writer reads the staging buffer through a raw pointer.
+  std::string adopt_reserved() {
+    std::string error = finish_reservation();
+    if (reserved.defined()) {
+      const int64_t counted = staging_bytes();
+      staging = std::move(reserved);
+      reserved = at::Tensor();
+      reserving = 0;
+      detail::add_checkpoint_staging_bytes(staging_bytes() - counted);
+    }
+    return error;
   }
   CheckpointInfo commit() {
     join();
@@ -163,12 +176,14 @@ void AsyncCheckpointer::reserve(ShardedModuleBase& model, const torch::optim::Op
   const PendingSave p = plan_save("reserve", model, optimizer, state, no_rng);
   if (!p.error.empty()) throw Error(detail::cat("AsyncCheckpointer::reserve: ", p.error));
   const int64_t whole = detail::direct_bytes(file_bytes(p));
-  const std::string earlier = m.adopt_reserved();  // one reservation at a time
+  // One reservation at a time. The staging buffer itself is left alone: a background write
+  // may be reading it; the next save() adopts the reservation once that write is committed.
+  const std::string earlier = m.finish_reservation();
   FSDP_CHECK(earlier.empty(), earlier);
-  if (m.staging_bytes() >= whole) return;
-  m.join();  // this rank's background write reads the staging buffer: let it finish
+  if (m.staging_bytes() >= whole) return;  // the buffer, or a reservation, is big enough
   detail::add_checkpoint_staging_bytes(whole - m.staging_bytes());
   m.reserving = whole;
+  m.reserved = at::Tensor();  // a smaller reservation: no write reads it
   const bool cuda = p.rt->device().is_cuda();
   m.reserver = std::thread([&m, cuda, whole] {
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
