@@ -25,7 +25,7 @@
 //   worth. k (comm_contention) is how many times their benchmarked time the collectives take
 //   inside a step at r = m: ranks reach each collective at different moments when their cores
 //   also compute, and a ring step waits for the slowest. fsdp-plan --calibrate measures k from
-//   one FULL_SHARD run (1.29-1.50 in four runs here, 2026-12-05). Read off this machine's rows
+//   one FULL_SHARD run (1.16-1.62 in seven runs here, 2026-12-05). Read off this machine's rows
 //   (bench "Planner"): (step - compute) / (benchmarked collectives) was 0.87 at one rank per
 //   core, 1.65 at two, 3.1 at four (medians over strategies and two models) -- linear in r. An
 //   earlier rule, max(1, (r - 1) / (m - 1)), put 1 at two ranks per core and missed those rows
