@@ -212,18 +212,12 @@ void Rendezvous::check_agreement(const std::string& what, const std::string& val
 }
 
 void Rendezvous::check_all_ok(const std::string& what, const std::string& local_error) {
-  check_all_ok_as(next_agreement(), what, local_error, nullptr);
+  check_all_ok_reserved(next_agreement(), what, local_error, nullptr);
 }
 
 void Rendezvous::check_all_ok_reserved(int64_t id, const std::string& what,
                                        const std::string& local_error,
                                        const std::atomic<bool>* cancel) {
-  check_all_ok_as(id, what, local_error, cancel);
-}
-
-void Rendezvous::check_all_ok_as(int64_t id, const std::string& what,
-                                 const std::string& local_error,
-                                 const std::atomic<bool>* cancel) {
   const int64_t W = env_.world_size;
   if (W == 1) {
     FSDP_CHECK(local_error.empty(), what, " failed: ", local_error);

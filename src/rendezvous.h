@@ -50,7 +50,8 @@ class Rendezvous {
   // the other agreements; check_all_ok_reserved(id, ...) runs it later on any thread while the
   // caller's thread goes on with further agreements. It waits by polling the store, so another
   // thread's store calls are not held up behind the wait (TCPStore serializes its client), and
-  // gives up with fsdp::Error once `*cancel` turns true.
+  // gives up with fsdp::Error once `*cancel` turns true; with `cancel` null it blocks in the
+  // store as check_all_ok does (which is this with the next id).
   int64_t reserve_agreement() { return next_agreement(); }
   void check_all_ok_reserved(int64_t id, const std::string& what, const std::string& local_error,
                              const std::atomic<bool>* cancel);
@@ -62,8 +63,6 @@ class Rendezvous {
   // store, and throw fsdp::Error once *cancel is true.
   int64_t arrive_and_wait(const std::string& count_key, int64_t expected, bool wait,
                           const std::atomic<bool>* cancel = nullptr);
-  void check_all_ok_as(int64_t id, const std::string& what, const std::string& local_error,
-                       const std::atomic<bool>* cancel);
   void check_same_job();
   int64_t next_agreement();
 

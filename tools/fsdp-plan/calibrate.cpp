@@ -100,8 +100,9 @@ double measure_step_seconds(const CalibrateOptions& o, const std::string& self, 
   FSDP_CHECK(fd >= 0, "cannot create a temporary file in /tmp");
   ::close(fd);
   run(kThreads + sibling(self, "fsdp-train") + " --model small --threads 1 --quiet --steps " +
-      std::to_string(steps > 0 ? steps : o.steps) + " --global-batch " + std::to_string(batch) + " --seq-len " +
-      std::to_string(seq) + " --warmup-steps 1 --devices " + std::to_string(devices) +
+      std::to_string(steps > 0 ? steps : o.steps) + " --global-batch " +
+      std::to_string(batch) + " --seq-len " + std::to_string(seq) +
+      " --warmup-steps 1 --devices " + std::to_string(devices) +
       " --strategy full_shard --metrics " + tmpl + " > /dev/null");
   std::vector<double> times;
   std::ifstream metrics(tmpl);
