@@ -706,6 +706,35 @@ def read_into_new_memory(files):
     return time.perf_counter() - t
 
 
+def write_like_saves(metrics, every, nbytes, procs, work, stop):
+    """While a run writes `metrics`, after each step that is a multiple of `every` (when an async
+    save would start), `procs` dd processes write `nbytes` each with O_DIRECT and fsync, as the
+    ranks' background writers do: what the disk alone costs the steps. Returns the writes' seconds."""
+    seen, took = 0, []
+    while not stop.is_set():
+        try:
+            with open(metrics) as f:
+                steps = [json.loads(line)["step"] for line in f if line.endswith("\n")]
+        except FileNotFoundError:
+            steps = []
+        for step in steps[seen:]:
+            if step % every == 0:
+                t = time.perf_counter()
+                dds = [subprocess.Popen(["dd", "if=/dev/zero", f"of={work}/disk-{i}.bin",
+                                         f"bs={2**20}", f"count={max(1, nbytes // 2**20)}",
+                                         "oflag=direct", "conv=fsync", "status=none"])
+                       for i in range(procs)]
+                for d in dds:
+                    d.wait(timeout=300)
+                took.append(time.perf_counter() - t)
+        seen = len(steps)
+        time.sleep(0.005)
+    for i in range(procs):
+        if os.path.exists(f"{work}/disk-{i}.bin"):
+            os.unlink(f"{work}/disk-{i}.bin")
+    return took
+
+
 def checkpoint_io(r, results, quick):
     """Checkpoint I/O (issue 23): fsdp-train's sharded save (fsyncs included) and load
     (--resume with nothing left to train: the load alone, rank 0's timer) of a GPT with AdamW,
@@ -783,6 +812,22 @@ def checkpoint_io(r, results, quick):
     copies = memcpy_seconds(staging_bytes, 1)
     together = memcpy_seconds(staging_bytes, world)
     during = [m["step_time_s"] for m in run["steps"] if m["step"] > every and (m["step"] - 1) % every == 0]
+    # The disk alone: the same bytes written by dd (O_DIRECT, fsync) at the same moments of a run
+    # without checkpoints, so the steps that would follow a save run beside the writes.
+    import threading
+    metrics, stop, took = os.path.join(r.work, "m.jsonl"), threading.Event(), []
+    if os.path.exists(metrics):
+        os.unlink(metrics)
+    watcher = threading.Thread(target=lambda: took.extend(
+        write_like_saves(metrics, every, staging_bytes, world, r.work, stop)))
+    watcher.start()
+    try:
+        disk = r.fsdp(model, steps, world, 128, world, "full_shard", label="disk")
+    finally:
+        stop.set()
+        watcher.join()
+    disk_during = [m["step_time_s"] for m in disk["steps"]
+                   if m["step"] > every and (m["step"] - 1) % every == 0]
     io["async"] = {"blocked_s": median(blocked), "first_blocked_s": blocked[0],
                    "staging_bytes": staging_bytes,
                    "memcpy_s": min(copies), "blocked_ratio": median(blocked) / min(copies),
@@ -790,10 +835,14 @@ def checkpoint_io(r, results, quick):
                    "blocked_ratio_together": median(blocked) / min(together),
                    "step_during_save_s": median(during), "step_plain_s": plain["median_step_s"],
                    "slowdown": median(during) / plain["median_step_s"] - 1,
+                   "step_during_disk_s": median(disk_during), "disk_writes": len(took),
+                   "disk_write_s": median(took) if took else None,
+                   "disk_slowdown": median(disk_during) / plain["median_step_s"] - 1,
                    "steps": steps, "every": every, "command": run["command"]}
     log(f"checkpoint: async blocked {median(blocked):.4f} s per save "
         f"({io['async']['blocked_ratio']:.2f}x memcpy), steps during a save "
-        f"{100 * io['async']['slowdown']:+.1f}%")
+        f"{100 * io['async']['slowdown']:+.1f}%, steps during dd of as many bytes "
+        f"{100 * io['async']['disk_slowdown']:+.1f}%")
     io["load_after"] = os.getloadavg()[0]
     results["checkpoint"] = io
 

@@ -641,7 +641,14 @@ def main():
                    f"in the background: {a['step_during_save_s']:.3f} s against "
                    f"{a['step_plain_s']:.3f} s without checkpoints: **{100 * a['slowdown']:+.1f}%** "
                    "(goal within 10%; on this machine the writer thread shares 2 cores with "
-                   f"{ck['world']} ranks).", ""]
+                   f"{ck['world']} ranks)."
+                   + (f" The disk alone: the same bytes written by {ck['world']} `dd oflag=direct "
+                      "conv=fsync` at the moments the saves start, beside a run without "
+                      f"checkpoints ({a['disk_writes']} writes of {a['disk_write_s']:.3f} s), "
+                      f"make those steps {a['step_during_disk_s']:.3f} s: "
+                      f"**{100 * a['disk_slowdown']:+.1f}%**. dd spends almost no guest CPU (the "
+                      "copy is the host's), so that much is what writing costs this VM's steps, "
+                      "whoever writes." if a.get("disk_writes") else ""), ""]
         md += [f"Rerun: `bench/bench.py --sections checkpoint --merge` (one save: "
                f"`{ck['command']}`; `bench/checkpoint_io.sh` and `bench/async_checkpoint.sh` are "
                "the same measurements as shell scripts).", ""]
