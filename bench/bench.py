@@ -694,6 +694,23 @@ def memcpy_seconds(nbytes, procs, rounds=5):
     return slowest
 
 
+def write_direct(files, work):
+    """Seconds for one `dd oflag=direct conv=fsync` per file, all at once, each writing as many
+    bytes as its file: the disk's write rate without the page cache (whose new pages are slow to
+    first touch in this VM), as the ranks write their files at once."""
+    t = time.perf_counter()
+    procs = [subprocess.Popen(["dd", "if=/dev/zero", f"of={work}/direct-{i}.bin", f"bs={2**20}",
+                               f"count={max(1, -(-os.path.getsize(f) // 2**20))}", "oflag=direct",
+                               "conv=fsync", "status=none"]) for i, f in enumerate(files)]
+    for p in procs:
+        if p.wait(timeout=300) != 0:
+            raise RuntimeError(f"dd into {p.args[2]} failed ({p.returncode})")
+    took = time.perf_counter() - t
+    for i in range(len(files)):
+        os.unlink(f"{work}/direct-{i}.bin")
+    return took
+
+
 def read_into_new_memory(files):
     """Seconds for one `dd bs=<file size>` per file, all at once: each reads its file into one
     new buffer, as a loading rank does (its shards and optimizer state are new memory)."""
@@ -764,6 +781,8 @@ def checkpoint_io(r, results, quick):
                             check=True, capture_output=True, text=True).stderr
         rows["dd_write_s"].append(seconds_of(r"copied, ([0-9.e-]+) s", dd))
         os.unlink(target)
+        shard_files = [f for f in files if os.path.getsize(f) > 2**20]  # not meta.json, rng.bin
+        rows.setdefault("dd_direct_s", []).append(write_direct(shard_files, r.work))
         for temp in ("cold", "warm"):
             if temp == "cold":
                 dropped = drop_page_cache() and dropped
@@ -792,7 +811,9 @@ def checkpoint_io(r, results, quick):
     for what in ("save", "load_cold", "load_warm"):
         base = {"save": "dd_write", "load_cold": "cat_cold", "load_warm": "cat_warm"}[what]
         io[f"{what}_ratio"] = io[f"{base}_s"] / io[f"{what}_s"]
-        if what != "save":
+        if what == "save":
+            io["save_direct_ratio"] = io["dd_direct_s"] / io["save_s"]
+        else:
             io[f"{what}_new_memory_ratio"] = io[f"dd_new_{what[5:]}_s"] / io[f"{what}_s"]
         log(f"checkpoint: {what} {nbytes / 2**20 / io[f'{what}_s']:.0f} MiB/s, "
             f"{base} {nbytes / 2**20 / io[f'{base}_s']:.0f} MiB/s ({100 * io[f'{what}_ratio']:.0f}%)")
@@ -885,7 +906,13 @@ def main():
                          ("construction", construction_cost), ("checkpoint", checkpoint_io),
                          ("gpt2", gpt2), ("planner", planner)):
             if name in sections:
+                began, load = time.time(), os.getloadavg()[0]
                 fn(r, results, args.quick)
+                # When and how long each section ran: --merge keeps other runs' sections.
+                results.setdefault("section_runs", {})[name] = {
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
+                    "seconds": time.time() - began, "load_before": load,
+                    "load_after": os.getloadavg()[0]}
                 save()
     subprocess.run([PY, os.path.join(HERE, "bench_report.py"), os.path.join(out_dir, "results.json"),
                     "--out", args.out], check=True)

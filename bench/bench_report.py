@@ -13,6 +13,11 @@ import subprocess
 NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "BENCHMARKS.notes.md")
 
 
+# bench.py's section names and the key each leaves in results.json.
+SECTION_KEYS = {"peers": "peers", "peers26": "peers_26", "scaling": "scaling_model",
+                "memory": "memory", "beyond": "beyond", "construction": "construction",
+                "checkpoint": "checkpoint", "gpt2": "gpt2", "planner": "planner"}
+
 def med(xs):
     xs = [x for x in xs if x == x]
     return statistics.median(xs) if xs else float("nan")
@@ -435,8 +440,16 @@ def main():
           f"- libtorch {m['libtorch']} (Debian 12 `libtorch-dev`), Python {m['python']} with "
           "Debian's `python3-torch`; PyTorch 2.6 and our libtorch 2.6 build in the Debian 13 "
           "chroot (`scripts/libtorch2-chroot.sh`)",
-          f"- {m['date']}; load average {m['load_before']:.2f} before, {m['load_after']:.2f} "
-          f"after; the whole run took {res['seconds'] / 60:.1f} min",
+          (f"- {m['date']}; load average {m['load_before']:.2f} before, {m['load_after']:.2f} "
+           f"after; the whole run took {res['seconds'] / 60:.1f} min"
+           if not res.get("section_runs") else
+           "- sections, each as last measured (`--merge` keeps the others): " + "; ".join(
+               f"{name} {run['date']}, {run['seconds'] / 60:.1f} min, load "
+               f"{run['load_before']:.2f} before and {run['load_after']:.2f} after"
+               for name, run in res["section_runs"].items())
+           + (f"; the others from {m['date']} on" if any(
+               key in res and name not in res["section_runs"]
+               for name, key in SECTION_KEYS.items()) else "")),
           "- every rank and every peer process runs one intra-op thread (`OMP_NUM_THREADS=1`, "
           "`--threads 1`)", ""]
     if os.path.exists(NOTES) and not res["quick"]:
@@ -592,10 +605,13 @@ def main():
                + ("" if ck["cache_dropped"] else " (**not dropped here: not root, reads came from "
                   "memory**)") + f", then warm. Medians of {ck['rounds']} rounds. Goals: "
                "save and load at >= 85% of the disk.", "",
-               "| operation | fsdp | disk (dd / cat) | fsdp / disk | the files into new memory, "
-               "one dd per file at once | fsdp / that |", "|---|---|---|---|---|---|",
+               "| operation | fsdp | disk (dd / cat) | fsdp / disk | one dd per file at once "
+               "(save: O_DIRECT; load: into new memory) | fsdp / that |",
+               "|---|---|---|---|---|---|",
                f"| save | {rate(ck['save_s'])} | {rate(ck['dd_write_s'])} | "
-               f"{100 * ck['save_ratio']:.0f}% | - | - |"]
+               f"{100 * ck['save_ratio']:.0f}% | "
+               + (f"{rate(ck['dd_direct_s'])} | {100 * ck['save_direct_ratio']:.0f}% |"
+                  if "dd_direct_s" in ck else "- | - |")]
         for temp in ("cold", "warm"):
             new_mem = ck.get(f"dd_new_{temp}_s")
             md.append(f"| load, {temp} cache | {rate(ck[f'load_{temp}_s'])} | "
@@ -622,7 +638,13 @@ def main():
                "\"into new memory\" reads the same files as the ranks do, all at once, each into "
                "one new buffer (`dd bs=<file size> count=1`): the disk's rate for a loader on this "
                "machine. `cat` \"cold\" runs at GB/s because the host caches the "
-               "virtual disk: dropping the guest's page cache does not reach the disk.", ""]
+               "virtual disk: dropping the guest's page cache does not reach the disk."
+               + (" A save meets the same memory on the way out: its writes fill new page-cache "
+                  "pages, while the `dd conv=fsync` beside it, run right after fsdp-train exits, "
+                  "gets the pages the ranks just freed (a first `dd` after boot took 0.72 s for "
+                  "these bytes, the next ones 0.23 s). Without the page cache (`dd oflag=direct`, "
+                  "one per file at once) this virtual disk writes at the rate in the last column, "
+                  "whatever the block size." if "dd_direct_s" in ck else ""), ""]
         a = ck.get("async")
         if a:
             md += [f"Async saves (`--checkpoint-async`, every {a['every']} of {a['steps']} steps, "
