@@ -9,7 +9,8 @@
 # metrics) and its staging bytes; a memcpy of that many bytes into a touched buffer (Python's
 # slice assignment, best of 5); the median step
 # time of the steps that follow a save (the background write runs during them) and of all steps
-# after the first two, with and without checkpoints.
+# after the first two, with and without checkpoints; then the same steps while dd writes the same
+# bytes at the moments the saves would start (the disk alone).
 set -euo pipefail
 BUILD=${1:-build}
 DEVICES=${2:-4}
@@ -62,3 +63,27 @@ all_none=$(step_times "$work/none.jsonl" | awk '$1 > 2 { print $2 }' | median)
 echo "median s/step: no checkpoints $all_none; with async saves $all_async;" \
      "steps right after a save (background write) $after;" \
      "slowdown $(awk -v a="$after" -v b="$all_none" 'BEGIN { printf "%+.1f%%", 100 * (a / b - 1) }')"
+
+# The disk alone: a run without checkpoints while, after each step an async save would follow,
+# one `dd oflag=direct conv=fsync` per rank writes the staging bytes (almost no guest CPU).
+"$TRAIN" "${common[@]}" --metrics "$work/disk.jsonl" >"$work/disk.log" 2>&1 &
+train=$!
+seen=0
+while kill -0 "$train" 2>/dev/null; do
+  n=$( (step_times "$work/disk.jsonl" 2>/dev/null || true) | wc -l)
+  while [ "$seen" -lt "$n" ]; do
+    seen=$((seen + 1))
+    if [ $((seen % EVERY)) -eq 0 ]; then
+      for i in $(seq "$DEVICES"); do
+        dd if=/dev/zero of="$work/disk-$i.bin" bs=1M count=$((staging / 1048576)) oflag=direct \
+          conv=fsync status=none &
+      done
+      wait $(jobs -p | grep -v "^$train$")
+    fi
+  done
+  sleep 0.005
+done
+wait "$train" || { cat "$work/disk.log"; exit 1; }
+disk=$(step_times "$work/disk.jsonl" | awk -v e="$EVERY" '$1 > e && ($1 - 1) % e == 0 { print $2 }' | median)
+echo "the disk alone (dd of the same bytes when each save would start): steps right after $disk;" \
+     "slowdown $(awk -v a="$disk" -v b="$all_none" 'BEGIN { printf "%+.1f%%", 100 * (a / b - 1) }')"

@@ -5,7 +5,8 @@
 #
 #   bench/checkpoint_io.sh [BUILD=build] [DEVICES=4] [MODEL=medium] [DIR=/tmp/fsdp-ckpt-bench]
 #
-# Prints MiB/s for each. Page cache: the script drops it before each read where it may
+# Also one `dd oflag=direct` per shard file at once (the disk without the page cache). Prints
+# MiB/s for each. Page cache: the script drops it before each read where it may
 # (root, /proc/sys/vm/drop_caches writable), and says so; otherwise reads may come from memory.
 set -euo pipefail
 BUILD=${1:-build}
@@ -41,6 +42,17 @@ drop_caches
 echo "== dd sequential read, $mib MiB"
 dd if="$DIR/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1
 rm -f "$DIR/dd.bin"
+echo "== one dd oflag=direct per shard file at once, as many bytes each (no page cache; fsync)"
+start=$(date +%s.%N)
+i=0
+for f in "$DIR"/ck/step-00000001/shard-*; do
+  dd if=/dev/zero of="$DIR/direct-$i.bin" bs=1M count=$(( ($(stat -c %s "$f") + 1048575) / 1048576 )) \
+    oflag=direct conv=fsync status=none &
+  i=$((i + 1))
+done
+wait
+echo "$(echo "$bytes / 1048576 / ($(date +%s.%N) - $start)" | bc) MiB/s"
+rm -f "$DIR"/direct-*.bin
 drop_caches
 echo "== the checkpoint's files read at once, each into one new buffer (as the ranks load)"
 start=$(date +%s.%N)
