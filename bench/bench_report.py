@@ -605,8 +605,9 @@ def main():
                + ("" if ck["cache_dropped"] else " (**not dropped here: not root, reads came from "
                   "memory**)") + f", then warm. Medians of {ck['rounds']} rounds. Goals: "
                "save and load at >= 85% of the disk.", "",
-               "| operation | fsdp | disk (dd / cat) | fsdp / disk | one dd per file at once "
-               "(save: O_DIRECT; load: into new memory) | fsdp / that |",
+               "| operation | fsdp | disk (dd / cat) | fsdp / disk | every file at once, a "
+               "process each (save: one O_DIRECT write from touched memory; load: `dd` into new "
+               "memory) | fsdp / that |",
                "|---|---|---|---|---|---|",
                f"| save | {rate(ck['save_s'])} | {rate(ck['dd_write_s'])} | "
                f"{100 * ck['save_ratio']:.0f}% | "
@@ -642,9 +643,9 @@ def main():
                + (" A save meets the same memory on the way out: its writes fill new page-cache "
                   "pages, while the `dd conv=fsync` beside it, run right after fsdp-train exits, "
                   "gets the pages the ranks just freed (a first `dd` after boot took 0.72 s for "
-                  "these bytes, the next ones 0.23 s). Without the page cache (`dd oflag=direct`, "
-                  "one per file at once) this virtual disk writes at the rate in the last column, "
-                  "whatever the block size." if "dd_direct_s" in ck else ""), ""]
+                  "these bytes, the next ones 0.23 s). Written around the page cache from memory "
+                  "already touched, as an async save's background writers do, the disk takes the "
+                  "last column's time." if "dd_direct_s" in ck else ""), ""]
         a = ck.get("async")
         if a:
             md += [f"Async saves (`--checkpoint-async`, every {a['every']} of {a['steps']} steps, "
@@ -664,6 +665,13 @@ def main():
                    f"{a['step_plain_s']:.3f} s without checkpoints: **{100 * a['slowdown']:+.1f}%** "
                    "(goal within 10%; on this machine the writer thread shares 2 cores with "
                    f"{ck['world']} ranks)."
+                   + (f" The background writes themselves took {a['write_s']:.3f} s per save "
+                      "(the slowest rank's, fsync included): "
+                      f"{ck['bytes'] / 2**20 / a['write_s']:.0f} MiB/s, "
+                      f"**{100 * ck['dd_write_s'] / a['write_s']:.0f}%** of `dd conv=fsync` and "
+                      + (f"{100 * ck['dd_direct_s'] / a['write_s']:.0f}% of the direct write in "
+                         "the table" if "dd_direct_s" in ck else "") + "."
+                      if "write_s" in a else "")
                    + (f" The disk alone: the same bytes written by {ck['world']} `dd oflag=direct "
                       "conv=fsync` at the moments the saves start, beside a run without "
                       f"checkpoints ({a['disk_writes']} writes of {a['disk_write_s']:.3f} s), "

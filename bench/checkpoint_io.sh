@@ -5,8 +5,8 @@
 #
 #   bench/checkpoint_io.sh [BUILD=build] [DEVICES=4] [MODEL=medium] [DIR=/tmp/fsdp-ckpt-bench]
 #
-# Also one `dd oflag=direct` per shard file at once (the disk without the page cache). Prints
-# MiB/s for each. Page cache: the script drops it before each read where it may
+# Also every shard file written at once with O_DIRECT from touched memory (bench.py's
+# write_direct: the disk without the page cache). Prints MiB/s for each. Page cache: the script drops it before each read where it may
 # (root, /proc/sys/vm/drop_caches writable), and says so; otherwise reads may come from memory.
 set -euo pipefail
 BUILD=${1:-build}
@@ -42,17 +42,12 @@ drop_caches
 echo "== dd sequential read, $mib MiB"
 dd if="$DIR/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1
 rm -f "$DIR/dd.bin"
-echo "== one dd oflag=direct per shard file at once, as many bytes each (no page cache; fsync)"
-start=$(date +%s.%N)
-i=0
-for f in "$DIR"/ck/step-00000001/shard-*; do
-  dd if=/dev/zero of="$DIR/direct-$i.bin" bs=1M count=$(( ($(stat -c %s "$f") + 1048575) / 1048576 )) \
-    oflag=direct conv=fsync status=none &
-  i=$((i + 1))
-done
-wait
-echo "$(echo "$bytes / 1048576 / ($(date +%s.%N) - $start)" | bc) MiB/s"
-rm -f "$DIR"/direct-*.bin
+echo "== every shard file written at once, a process each: one O_DIRECT write from touched memory, fsync"
+/usr/bin/python3 -c "
+import sys; sys.path.insert(0, '$(dirname "$0")')
+import bench
+s = bench.write_direct(sys.argv[2:], sys.argv[1])
+print(f'{$bytes / 2**20 / s:.0f} MiB/s ({s:.3f} s)')" "$DIR" "$DIR"/ck/step-00000001/shard-*
 drop_caches
 echo "== the checkpoint's files read at once, each into one new buffer (as the ranks load)"
 start=$(date +%s.%N)

@@ -139,13 +139,17 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
     const int64_t through_cache = direct_io_works(tmp / "probe") ? 0 : mesh.back();  // files
     std::mutex mu;
     std::vector<std::string> sd_after_load, sd_at_save;
+    std::vector<double> write_seconds;  // each rank's CheckpointInfo::write_seconds
     run_ranks(W, [&](Runtime& rt) {
       auto model = shard(make_net(), st, borrow(rt));
       torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
       step(model, opt, rt, 0);
       step(model, opt, rt, 1);
       TrainingState ts{2, {{"data", "position 16"}}};
-      save_checkpoint(sync_dir, model, &opt, ts);
+      const CheckpointInfo sync_info = save_checkpoint(sync_dir, model, &opt, ts);
+      // The slowest rank's file write, the same on every rank, and within the call.
+      EXPECT_GT(sync_info.write_seconds, 0);
+      EXPECT_LE(sync_info.write_seconds, sync_info.seconds + 1e-6);
       std::ostringstream at_save;
       for (const auto& kv : model.state_dict()) at_save << kv.key() << kv.value() << "\n";
       AsyncCheckpointer saver;
@@ -163,6 +167,13 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
       if (rt.rank() == 0) EXPECT_GT(info->bytes, 0);  // rank 0 writes meta.json and counts
       // Every shard file bypassed the page cache where the file system allows O_DIRECT.
       EXPECT_EQ(info->page_cache_writes, through_cache);
+      // The background write was timed (the slowest rank's) and ended before the commit did.
+      EXPECT_GT(info->write_seconds, 0);
+      EXPECT_LE(info->write_seconds, info->seconds + 1e-6);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        write_seconds.push_back(info->write_seconds);
+      }
       EXPECT_FALSE(saver.wait().has_value());  // nothing in flight any more
 
       // Loaded into a fresh model: the state at save(), not the trained-on one.
@@ -181,6 +192,8 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSaveAndLoads) {
     });
     expect_same_files(sync_dir, async_dir);
     EXPECT_EQ(sd_after_load, sd_at_save);
+    ASSERT_EQ(write_seconds.size(), static_cast<size_t>(W));
+    for (double w : write_seconds) EXPECT_EQ(w, write_seconds.front());  // one value, all ranks
   }
 }
 

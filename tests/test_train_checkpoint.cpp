@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
 #include "fsdp/checkpoint.h"
@@ -160,6 +161,12 @@ TEST(TrainCheckpoint, AsyncSavesResumeBitIdentically) {
   EXPECT_NE(r.output.find("checkpoints            3 saved in " + dir), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("async checkpoints      2 written in the background; training blocked"),
             std::string::npos) << r.output;
+  // Both background writes were committed and timed; the last (synchronous) save's too.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("background write [0-9]+\\.[0-9]{3} s per save "
+                                                     "\\(slowest rank, fsync included\\)")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("its files written in [0-9]+\\.[0-9]{3} s")))
+      << r.output;
   for (const char* step : {"2", "4", "6"}) {
     EXPECT_TRUE(fs::exists(dir + "/step-0000000" + step + "/meta.json")) << step;
   }

@@ -76,6 +76,9 @@ struct CheckpointInfo {
   std::string path;
   int64_t bytes = 0;        // save: bytes in the checkpoint; load: bytes this rank read
   double seconds = 0;       // wall time of the call on this rank
+  // Save: the slowest rank's writing of its file, from opening it to its fsync (an asynchronous
+  // save's background write; the call's `seconds` there runs until the commit).
+  double write_seconds = 0;
   int64_t files = 0;        // files in the checkpoint
   bool rng_restored = false;       // load: the CPU generator
   bool cuda_rng_restored = false;  // load: this rank's CUDA generator too

@@ -111,6 +111,7 @@ std::string write_shard_file(PendingSave& p,
   return capture([&] {
     check_sees_partial(p);
     if (!p.writer) return;
+    const auto t0 = std::chrono::steady_clock::now();
     File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
     uint32_t file_crc = 0;
     for (int64_t i : my_chunks(p)) {
@@ -121,6 +122,7 @@ std::string write_shard_file(PendingSave& p,
     }
     record_file_crc(p, file_crc);
     f.sync_and_close();
+    p.write_s = seconds_since(t0);
   });
 }
 
@@ -129,6 +131,7 @@ std::string write_shard_image(PendingSave& p, const uint8_t* image) {
   return capture([&] {
     check_sees_partial(p);
     if (!p.writer) return;
+    const auto t0 = std::chrono::steady_clock::now();
     uint32_t file_crc = 0;
     int64_t end = 0;
     for (int64_t i : my_chunks(p)) {
@@ -142,6 +145,7 @@ std::string write_shard_image(PendingSave& p, const uint8_t* image) {
     File f(p.partial + "/" + shard_file_name(p.s_index), O_WRONLY | O_CREAT | O_TRUNC);
     p.page_cache_write = !f.write_direct(image, end);
     f.sync_and_close();
+    p.write_s = seconds_since(t0);
   });
 }
 
@@ -251,9 +255,12 @@ void rename_checkpoint_into_place(const std::string& partial, const std::string&
 CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
   Runtime& rt = *p.rt;
   rt.check_all_ok(p.what, write_error);
-  // The CRCs and, in the same all-reduce, how many ranks wrote through the page cache.
+  // The CRCs and, in the same all-reduce, how many ranks wrote through the page cache and each
+  // rank's write time (microseconds, in its own slot).
+  at::Tensor write_us = at::zeros({rt.world_size()}, p.crcs.options());
+  write_us.data_ptr<int64_t>()[rt.rank()] = static_cast<int64_t>(p.write_s * 1e6);
   const at::Tensor summed = world_sum(
-      rt, at::cat({p.crcs, at::full({1}, p.page_cache_write ? 1 : 0, p.crcs.options())}));
+      rt, at::cat({p.crcs, at::full({1}, p.page_cache_write ? 1 : 0, p.crcs.options()), write_us}));
   const at::Tensor crcs = summed.narrow(0, 0, p.crcs.numel());
   const at::Tensor rng = p.rng.defined() ? world_gather(rt, p.rng) : at::Tensor();
   int64_t total_bytes = 0, files = 0;
@@ -278,6 +285,8 @@ CheckpointInfo commit_save(PendingSave& p, const std::string& write_error) {
   info.files = files;
   info.seconds = seconds_since(p.t0);
   info.page_cache_writes = summed.data_ptr<int64_t>()[p.crcs.numel()];
+  info.write_seconds =
+      double(summed.narrow(0, p.crcs.numel() + 1, rt.world_size()).max().item<int64_t>()) / 1e6;
   return info;
 }
 

@@ -29,6 +29,7 @@ struct PendingSave {
   bool writer = false;
   at::Tensor crcs;  // per chunk its CRC, then per file its CRC (summed over ranks at commit)
   bool page_cache_write = false;  // write_shard_image's file went through the page cache
+  double write_s = 0;             // this rank's file: open to fsync (0 for a rank that writes none)
   at::Tensor rng;   // this rank's generator states at the save (checkpoint/common.h rng_state)
   int64_t rng_cuda_bytes = 0;  // of which the CUDA generator's (its last bytes)
   std::chrono::steady_clock::time_point t0;

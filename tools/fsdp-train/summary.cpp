@@ -21,10 +21,14 @@ void row(const std::string& key, const std::string& value) {
   std::printf("  %-22s %s\n", key.c_str(), value.c_str());
 }
 
-std::string rate(double bytes, double seconds) {
+std::string seconds_text(double seconds) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.3f", seconds);
-  return cat(fsdp::format_bytes(bytes), " in ", s, " s (",
+  return s;
+}
+
+std::string rate(double bytes, double seconds) {
+  return cat(fsdp::format_bytes(bytes), " in ", seconds_text(seconds), " s (",
              fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
 }
 
@@ -78,14 +82,23 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
   }
   if (c.saves > 0) {
     row("checkpoints", cat(c.saves, " saved in ", o.checkpoint_dir, "; last ", c.last_save.path,
-                           ": ", rate(double(c.last_save.bytes), c.last_save.seconds)));
+                           ": ", rate(double(c.last_save.bytes), c.last_save.seconds),
+                           c.last_save.write_seconds > 0
+                               ? cat(", its files written in ", seconds_text(c.last_save.write_seconds),
+                                     " s (slowest rank, fsync included)")
+                               : std::string()));
   }
   if (c.async_saves > 0) {
     char s[32];
     std::snprintf(s, sizeof(s), "%.4f", c.async_blocked_s / double(c.async_saves));
+    const std::string w = c.async_committed > 0
+                              ? seconds_text(c.async_write_s / double(c.async_committed))
+                              : std::string("-");
     row("async checkpoints", cat(c.async_saves, " written in the background; training blocked ",
                                  s, " s per save on rank 0 (staging buffer ",
-                                 fsdp::format_bytes(double(c.staging_bytes)), ")",
+                                 fsdp::format_bytes(double(c.staging_bytes)),
+                                 "); background write ", w, " s per save (slowest rank, fsync "
+                                 "included)",
                                  c.page_cache_writes > 0
                                      ? cat("; ", c.page_cache_writes,
                                            " file(s) through the page cache: no O_DIRECT there")

@@ -44,6 +44,8 @@ struct CheckpointLog {
   fsdp::CheckpointInfo last_save;
   int64_t async_saves = 0;    // of `saves`, written in the background
   double async_blocked_s = 0; // training time they took, all together
+  int64_t async_committed = 0;   // of `async_saves`, committed
+  double async_write_s = 0;      // their background writes (slowest rank each), all together
   int64_t staging_bytes = 0;
   int64_t page_cache_writes = 0;  // async files written through the page cache (no O_DIRECT)
   std::optional<fsdp::CheckpointInfo> loaded;

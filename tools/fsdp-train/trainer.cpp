@@ -10,6 +10,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
@@ -445,6 +446,10 @@ void Trainer::validate(int64_t steps_done) {
 void Trainer::committed(const fsdp::CheckpointInfo& info) {
   log_.ckpt.last_save = info;
   ++log_.ckpt.saves;
+  if (std::exchange(async_in_flight_, false)) {
+    ++log_.ckpt.async_committed;
+    log_.ckpt.async_write_s += info.write_seconds;
+  }
   if (info.page_cache_writes > 0 && log_.ckpt.page_cache_writes == 0 && log_.lead) {
     std::printf("fsdp-train: note: the file system of %s refuses O_DIRECT: background saves "
                 "go through the page cache (%lld file(s) of %s), which slows the steps while "
@@ -469,6 +474,7 @@ void Trainer::save(int64_t steps_done, bool background) {
   finish_async_save();
   if (background) {
     saver_.save(path, model_, &optimizer_, state);
+    async_in_flight_ = true;
     ++log_.ckpt.async_saves;
     log_.ckpt.async_blocked_s += saver_.last_blocked_seconds();
     log_.ckpt.staging_bytes = saver_.staging_bytes();

@@ -104,6 +104,7 @@ class Trainer {
   BatchSampler sampler_;
   fsdp::AsyncCheckpointer saver_;
   bool staging_reserved_ = false;  // saver_.reserve() called (after the first step run)
+  bool async_in_flight_ = false;   // the next committed() is a background save's
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
   Progress progress_;
   int64_t first_step_ = 0;
