@@ -371,8 +371,10 @@ void Engine::reduce_grad(UnitState& u) {
   }
   if (pre_divide_ != 1.0) g.div_(pre_divide_);
   if (S_ > 1) {
-    // Not pooled: it becomes the shard's .grad, state that outlives the step.
-    p.output = at::empty({u.shard_numel}, g.options());
+    // Pooled when the shard already has a .grad (the reduced sum is folded into it and freed;
+    // NOTE [buffer pool]); otherwise it becomes the .grad, state that outlives the step.
+    p.output = u.shard.grad().defined() ? empty_buffer(u.shard_numel, g.scalar_type())
+                                        : at::empty({u.shard_numel}, g.options());
     p.rs = shard_group_->reduce_scatter(p.output, g, collective_label(u));
     p.input = g;
     p.input_bytes = bytes_of(g);
