@@ -25,12 +25,13 @@
 //   worth. k (comm_contention) is how many times their benchmarked time the collectives take
 //   inside a step at r = m: ranks reach each collective at different moments when their cores
 //   also compute, and a ring step waits for the slowest. fsdp-plan --calibrate measures k from
-//   one FULL_SHARD run (1.16-1.62 in seven runs here, 2026-12-05). Read off this machine's rows
+//   one FULL_SHARD run (1.16-1.62 in eight runs here, 2026-12-05). Read off this machine's rows
 //   (bench "Planner"): (step - compute) / (benchmarked collectives) was 0.87 at one rank per
 //   core, 1.65 at two, 3.1 at four (medians over strategies and two models) -- linear in r. An
 //   earlier rule, max(1, (r - 1) / (m - 1)), put 1 at two ranks per core and missed those rows
-//   by up to 31%. Rerun with this rule: 27 of 30 rows within 20% (FULL_SHARD at four ranks per
-//   core overstated by 25-30%: the ring with the most steps grows less than linearly there).
+//   by up to 31%. Rerun with this rule: 27 and 26 of 30 rows within 20% in two runs (FULL_SHARD
+//   at four ranks per core overstated by 21-30%: the ring with the most steps grows less than
+//   linearly there).
 // Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
 // contention between compute and communication for memory bandwidth.
 #include <algorithm>
