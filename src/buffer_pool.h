@@ -12,14 +12,6 @@
 // for since the previous trim() goes back to the system (a run that shrinks gives memory back).
 // Only activations and small allocations go through malloc. CPU only: CUDA memory is the CUDA
 // caching allocator's business.
-// The reduce-scatter's output joins them when the shard already has a .grad (libtorch 1.13's
-// zero_grad() keeps it): the sum is folded into .grad and the output freed within the step, the
-// same buffers again each step. From malloc (before 2026-12-05) FULL_SHARD on the medium GPT at
-// W = 2 took 0.696-0.827 s per step, pooled 0.614-0.672 (five A/B pairs, 12-20% fewer page
-// faults); at W = 4, whose outputs are half as large, no difference. An output that becomes the
-// .grad (none yet: the first step, or after zero_grad(set_to_none), libtorch 2.x's default)
-// still comes from malloc: it is sharded state, and fsdp-train's memory account counts sharded
-// state in malloc's heap.
 // Thread-safe: buffers are freed on autograd's threads.
 #pragma once
 

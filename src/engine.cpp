@@ -370,13 +370,9 @@ void Engine::reduce_grad(UnitState& u) {
     tracker_.add(bytes_of(g) - g_bytes);  // the cast replaces the original, freed below
   }
   if (pre_divide_ != 1.0) g.div_(pre_divide_);
-  const bool deferred = R_ > 1 && !sync_ && mode == GradSync::kReplicateOnLast;
   if (S_ > 1) {
-    // Pooled when it is folded into the shard's existing .grad and freed within the step (NOTE
-    // [buffer pool]); otherwise it becomes the .grad, or the partial sum kept for the last
-    // micro-step: state that outlives the step, counted as such.
-    p.output = !deferred && u.shard.grad().defined() ? empty_buffer(u.shard_numel, g.scalar_type())
-                                                     : at::empty({u.shard_numel}, g.options());
+    // Not pooled: it becomes the shard's .grad, state that outlives the step.
+    p.output = at::empty({u.shard_numel}, g.options());
     p.rs = shard_group_->reduce_scatter(p.output, g, collective_label(u));
     p.input = g;
     p.input_bytes = bytes_of(g);
@@ -384,6 +380,7 @@ void Engine::reduce_grad(UnitState& u) {
     p.output = g;  // the gradient is its own shard; count it as such from here
     tracker_.sub(bytes_of(g));
   }
+  const bool deferred = R_ > 1 && !sync_ && mode == GradSync::kReplicateOnLast;
   p.replicate_deferred = deferred;
   if (R_ > 1 && !deferred) {
     if (u.partial.defined()) {
