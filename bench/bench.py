@@ -855,7 +855,12 @@ def checkpoint_io(r, results, quick):
                                          run["output"]).group(1))
     copies = memcpy_seconds(staging_bytes, 1)
     together = memcpy_seconds(staging_bytes, world)
-    during = [m["step_time_s"] for m in run["steps"] if m["step"] > every and (m["step"] - 1) % every == 0]
+    def after_saves(r):
+        """Step times of the steps that follow a save's start: its background write runs then."""
+        return [m["step_time_s"] for m in r["steps"]
+                if m["step"] > every and (m["step"] - 1) % every == 0]
+
+    during = after_saves(run)
     # The disk alone: the same bytes written by dd (O_DIRECT, fsync) at the same moments of a run
     # without checkpoints, so the steps that would follow a save run beside the writes.
     import threading
@@ -870,8 +875,7 @@ def checkpoint_io(r, results, quick):
     finally:
         stop.set()
         watcher.join()
-    disk_during = [m["step_time_s"] for m in disk["steps"]
-                   if m["step"] > every and (m["step"] - 1) % every == 0]
+    disk_during = after_saves(disk)
     io["async"] = {"blocked_s": median(blocked), "first_blocked_s": blocked[0],
                    "staging_bytes": staging_bytes, "write_s": background_write_s,
                    "memcpy_s": min(copies), "blocked_ratio": median(blocked) / min(copies),

@@ -84,7 +84,8 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
     row("checkpoints", cat(c.saves, " saved in ", o.checkpoint_dir, "; last ", c.last_save.path,
                            ": ", rate(double(c.last_save.bytes), c.last_save.seconds),
                            c.last_save.write_seconds > 0
-                               ? cat(", its files written in ", seconds_text(c.last_save.write_seconds),
+                               ? cat(", its files written in ",
+                                     seconds_text(c.last_save.write_seconds),
                                      " s (slowest rank, fsync included)")
                                : std::string()));
   }

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <utility>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
@@ -389,7 +388,7 @@ double Trainer::checkpoint_after(int64_t step) {
     save(step + 1, o_.checkpoint_async);
     if (o_.checkpoint_async) blocked_by_save = saver_.last_blocked_seconds();
   } else if (saver_.in_flight()) {  // the same on every rank: poll is collective
-    if (auto info = saver_.poll()) committed(*info);
+    if (auto info = saver_.poll()) committed(*info, /*background=*/true);
   }
   return blocked_by_save;
 }
@@ -443,10 +442,10 @@ void Trainer::validate(int64_t steps_done) {
 // step (or by the wait before the next save, the final one or a signal's), and only then are old
 // checkpoints pruned: pruning never runs while a save is in flight, so it can neither delete the
 // ".partial" being written nor leave fewer than --keep-last complete.
-void Trainer::committed(const fsdp::CheckpointInfo& info) {
+void Trainer::committed(const fsdp::CheckpointInfo& info, bool background) {
   log_.ckpt.last_save = info;
   ++log_.ckpt.saves;
-  if (std::exchange(async_in_flight_, false)) {
+  if (background) {
     ++log_.ckpt.async_committed;
     log_.ckpt.async_write_s += info.write_seconds;
   }
@@ -462,7 +461,7 @@ void Trainer::committed(const fsdp::CheckpointInfo& info) {
 }
 
 void Trainer::finish_async_save() {
-  if (auto info = saver_.wait()) committed(*info);
+  if (auto info = saver_.wait()) committed(*info, /*background=*/true);
 }
 
 void Trainer::save(int64_t steps_done, bool background) {
@@ -474,13 +473,12 @@ void Trainer::save(int64_t steps_done, bool background) {
   finish_async_save();
   if (background) {
     saver_.save(path, model_, &optimizer_, state);
-    async_in_flight_ = true;
     ++log_.ckpt.async_saves;
     log_.ckpt.async_blocked_s += saver_.last_blocked_seconds();
     log_.ckpt.staging_bytes = saver_.staging_bytes();
     return;
   }
-  committed(fsdp::save_checkpoint(path, model_, &optimizer_, state));
+  committed(fsdp::save_checkpoint(path, model_, &optimizer_, state), /*background=*/false);
 }
 
 // Every rank saw `sig` after step `steps_done`: save it, bounded, then requeue (rank 0).

@@ -80,7 +80,7 @@ class Trainer {
   void validate(int64_t steps_done);
   // Checkpoints (NOTE [async saves in fsdp-train] in trainer.cpp).
   void save(int64_t steps_done, bool background);
-  void committed(const fsdp::CheckpointInfo& info);
+  void committed(const fsdp::CheckpointInfo& info, bool background);
   void finish_async_save();
   void stop_on_signal(int sig, int64_t steps_done);
   // After the last step: the final save, --export-full, --export-llmc and --sample.
@@ -104,7 +104,6 @@ class Trainer {
   BatchSampler sampler_;
   fsdp::AsyncCheckpointer saver_;
   bool staging_reserved_ = false;  // saver_.reserve() called (after the first step run)
-  bool async_in_flight_ = false;   // the next committed() is a background save's
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
   Progress progress_;
   int64_t first_step_ = 0;
