@@ -340,6 +340,7 @@ def planner(r, results, quick):
                      "predicted_step_s": c["time_s"]["step"],
                      "predicted_compute_s": c["time_s"]["compute"],
                      "predicted_comm_s": c["time_s"]["communication"],
+                     "predicted_update_s": c["time_s"]["update"],
                      "measured_sharded_state": last["sharded_state_bytes"],
                      "predicted_sharded_state": c["memory_bytes"]["sharded_state"],
                      "measured_comm": [last["comm_bytes"]["shard"],

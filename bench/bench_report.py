@@ -47,7 +47,11 @@ def planner_section(pl, cores):
     """fsdp-plan's predictions against measured fsdp-train runs (bench.py's planner section)."""
     rows = pl["rows"]
     c = pl["cluster"]
-    bands = ", ".join(f"{b['bytes'] >> 20} MiB {b['busbw_gbs']:.3f}" for b in c["intra"].get("bands", []))
+    def bands(link):
+        return ", ".join(f"{b['bytes'] >> 20} MiB {b['busbw_gbs']:.3f}" for b in link.get("bands", []))
+    links = "; ".join(f"{name} {bands(link)}" for name, link in (
+        ("ring all-gather", c["intra"]), ("ring reduce-scatter", c["intra"].get("reduce_scatter", {})),
+        ("Gloo's all-reduce", c["intra"].get("all_reduce", {}))) if link.get("bands"))
     pm = pl.get("machine", {})
     load = (f"load average {pm['load_before']:.1f} before and {pm['load_after']:.1f} after"
             if "load_before" in pm else f"load average {pm.get('load_after', float('nan')):.1f} after")
@@ -65,13 +69,17 @@ def planner_section(pl, cores):
           f"{p_spread:.2f}x: where the first is much larger, the machine's load (other jobs), "
           "not the strategy, decided the measured order.", "",
           "`fsdp-plan --calibrate` measured this machine first (compute: "
-          f"{c['peak_tflops'] * 1e3:.1f} GFLOP/s per core from one-process fsdp-train steps; ring "
-          f"all-gather / reduce-scatter busbw GB/s by buffer size: {bands}; {cores} cores shared by "
+          f"{c['peak_tflops'] * 1e3:.1f} GFLOP/s per core from one-process fsdp-train steps"
+          + (f" less their update; the update: {c['memory_bandwidth_gbs']:.1f} GB/s per core from "
+             "libtorch's AdamW over 32 Mi parameters" if c.get("memory_bandwidth_gbs") else "")
+          + f"; busbw GB/s by buffer size: {links}; {cores} cores shared by "
           "the ranks), then each row ran fsdp-train (median of steps 3 and on) and asked "
           "`fsdp-plan --cluster FILE --json` for the same model, batch, strategy and mesh. "
           "Sharded state and bytes per step must be equal; step time is the cost model's "
           "prediction: on a CPU whose cores all compute nothing overlaps, so compute + x times "
-          "the collectives' benchmarked time, x = k r / m at r ranks per core, the links measured "
+          "the collectives' benchmarked time (each collective at its own busbw) + the update "
+          "(`update`: the optimizer over the rank's shard at the measured bandwidth, shared by the "
+          "ranks of a core), x = k r / m at r ranks per core, the links measured "
           f"at m = {c.get('comm_ranks_per_node', 0) / max(1, c.get('cores', 1)):g} per core, and "
           + (f"k = {c['comm_contention']:.2f} measured by the calibration's {c.get('comm_ranks_per_node', 0)}"
              "-rank FULL_SHARD run of the small GPT (4 sequences of 128 tokens, unlike every row "
@@ -80,8 +88,8 @@ def planner_section(pl, cores):
           f"Each configuration ran once per round, {pl.get('rounds', 1)} round(s), the order "
           "reversed every other round; `measured` is the median over rounds, `rounds` the "
           "fastest and slowest round.", "",
-          "| model | W | strategy | mesh | measured s/step | rounds | predicted | error | state equal | bytes equal |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "| model | W | strategy | mesh | measured s/step | rounds | predicted | of it update | error | state equal | bytes equal |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for r in rows:
         err = r["predicted_step_s"] / r["measured_step_s"] - 1
@@ -89,7 +97,9 @@ def planner_section(pl, cores):
         span = r.get("measured_rounds_s", [r["measured_step_s"]])
         md.append(f"| {r['model']} | {r['world']} | {r['strategy']} | ({r['mesh'][0]}, {r['mesh'][1]}) | "
                   f"{r['measured_step_s']:.4f} | {min(span):.3f}-{max(span):.3f} | "
-                  f"{r['predicted_step_s']:.4f} | {100 * err:+.0f}% | "
+                  f"{r['predicted_step_s']:.4f} | "
+                  + (f"{r['predicted_update_s']:.4f}" if "predicted_update_s" in r else "-")
+                  + f" | {100 * err:+.0f}% | "
                   f"{'yes' if r['measured_sharded_state'] == r['predicted_sharded_state'] else '**no**'} | "
                   f"{'yes' if r['measured_comm'] == r['predicted_comm'] else '**no**'} |")
     within = sum(e <= 0.2 for e in errors)

@@ -28,6 +28,7 @@ ClusterSpec toy_cluster(int64_t nodes, int64_t rpn, int64_t nics) {
   c.memory_bytes = int64_t(1) << 40;
   c.peak_flops = 1e12;
   c.flops_fraction = 1;
+  c.memory_bandwidth = 1e30;  // the update costs nothing (its own test sets a rate)
   c.intra = link(1e15);  // effectively free inside a node
   c.inter = link(1e9);   // 1 GB/s per NIC
   c.nics_per_node = nics;
@@ -55,6 +56,47 @@ TEST(Planner, RingFormulasByHand) {
   }
   // n = 4, 1 MB: 3 steps of 10 us + 3/4 of 1 ms.
   EXPECT_NEAR(all_gather_time(l, 4, 1'000'000), 30e-6 + 0.75e-3, 1e-15);
+}
+
+// Each collective takes its own busbw where the link gives one (nccl-tests reports one per
+// collective); an all-reduce still moves twice the ring's bytes.
+TEST(Planner, EachCollectiveItsOwnBandwidth) {
+  LinkSpec l = link(1e9, 1e-5);
+  l.reduce_scatter_bands = {{1, 5e8}};
+  l.all_reduce_bands = {{1 << 20, 2e9}, {1 << 30, 4e9}};
+  const double f = 3.0 / 4.0;
+  EXPECT_DOUBLE_EQ(all_gather_time(l, 4, 8'000'000), 3e-5 + f * 8e6 / 1e9);
+  EXPECT_DOUBLE_EQ(reduce_scatter_time(l, 4, 8'000'000), 3e-5 + f * 8e6 / 5e8);
+  EXPECT_DOUBLE_EQ(all_reduce_time(l, 4, 1 << 20), 2 * (3e-5 + f * double(1 << 20) / 2e9));
+  EXPECT_DOUBLE_EQ(l.busbw_at(1 << 30, Collective::kAllReduce), 4e9);
+  l.reduce_scatter_bands.clear();  // none given: the all-gather's
+  EXPECT_DOUBLE_EQ(reduce_scatter_time(l, 4, 8'000'000), all_gather_time(l, 4, 8'000'000));
+
+  // In a cluster file: "reduce_scatter" / "all_reduce" beside the link's own busbw.
+  const ClusterSpec c = parse_cluster_json(R"({"name": "x", "ranks_per_node": 4, "memory_gib": 80,
+      "peak_tflops": 100, "memory_bandwidth_gbs": 1000,
+      "intra": {"latency_us": 10, "busbw_gbs": 100, "reduce_scatter": {"busbw_gbs": 50},
+                "all_reduce": {"bands": [{"bytes": 1048576, "busbw_gbs": 20},
+                                         {"bytes": 67108864, "busbw_gbs": 80}]}}})",
+                                           "cluster file 'c.json'");
+  EXPECT_DOUBLE_EQ(c.intra.busbw_at(1 << 20, Collective::kAllGather), 100e9);
+  EXPECT_DOUBLE_EQ(c.intra.busbw_at(1 << 20, Collective::kReduceScatter), 50e9);
+  EXPECT_DOUBLE_EQ(c.intra.busbw_at(1 << 26, Collective::kAllReduce), 80e9);
+  EXPECT_DOUBLE_EQ(c.inter.busbw_at(1 << 20, Collective::kReduceScatter), 50e9);  // inter = intra
+  const ClusterSpec back = parse_cluster_json(cluster_to_json(c), "round trip");
+  for (Collective k : {Collective::kAllGather, Collective::kReduceScatter, Collective::kAllReduce}) {
+    for (int64_t bytes : {int64_t(1) << 20, int64_t(1) << 24, int64_t(1) << 26}) {
+      EXPECT_DOUBLE_EQ(back.intra.busbw_at(bytes, k), c.intra.busbw_at(bytes, k));
+    }
+  }
+  // A plan uses them: FULL_SHARD's reduce-scatters at half the all-gathers' busbw.
+  ClusterSpec toy = toy_cluster(1, 4, 1);
+  toy.intra = link(1e8);
+  const auto same = evaluate_candidate(model_preset("small"), toy, {}, ShardingStrategy::kFullShard, 1, 4);
+  toy.intra.reduce_scatter_bands = {{1, 5e7}};
+  const auto slow = evaluate_candidate(model_preset("small"), toy, {}, ShardingStrategy::kFullShard, 1, 4);
+  const double rs = double(same.comm.shard_reduce_scatter) * f / 1e8;  // latency 0
+  EXPECT_NEAR(slow.time.communication - same.time.communication, rs, 1e-9 * rs);
 }
 
 TEST(Planner, BandwidthBands) {
@@ -188,6 +230,42 @@ TEST(Planner, SharedCoresExposeCommunicationByOversubscription) {
   EXPECT_NEAR(four.time.exposed, 3 * four.time.communication, 1e-9 * four.time.step);
 }
 
+// The update after the last reduction: the shard's parameters x the optimizer's bytes per
+// parameter at the rank's memory bandwidth, added to the step.
+TEST(Planner, UpdateIsTheShardAtMemoryBandwidth) {
+  EXPECT_DOUBLE_EQ(update_bytes_per_parameter(2, false, false), 88);  // AdamW
+  EXPECT_DOUBLE_EQ(update_bytes_per_parameter(2, true, true), 108);  // + clipping, averaging
+  EXPECT_DOUBLE_EQ(update_bytes_per_parameter(1, false, true), 40);  // SGD with momentum
+  EXPECT_DOUBLE_EQ(update_bytes_per_parameter(0, false, false), 12);  // plain SGD
+
+  const ModelSpec m = toy_model();  // units of 1001 and 2003 parameters
+  ClusterSpec c = toy_cluster(1, 4, 1);
+  c.memory_bandwidth = 1e9;
+  PlanOptions o;
+  auto update = [&](ShardingStrategy s, int64_t R, int64_t S) {
+    const auto p = evaluate_candidate(m, c, o, s, R, S);
+    EXPECT_NEAR(p.time.step, p.time.compute + p.time.exposed + p.time.update, 1e-12);
+    return p.time.update;
+  };
+  // Averaged over 4 ranks: 88 + 8 bytes per parameter of the shard.
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kFullShard, 1, 4), (251 + 501) * 96 / 1e9);
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kShardGradOp, 1, 4), (251 + 501) * 96 / 1e9);
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kHybridShardZero2, 2, 2), (501 + 1002) * 96 / 1e9);
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kNoShard, 4, 1), (1001 + 2003) * 96 / 1e9);
+  o.clip = true;
+  o.optimizer_states = 1;
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kNoShard, 4, 1), (1001 + 2003) * 52 / 1e9);
+  // One rank does not average.
+  c.ranks_per_node = 1;
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kFullShard, 1, 1), (1001 + 2003) * 44 / 1e9);
+  // A CPU node shares its cores' bandwidth like their FLOP/s: 4 ranks on 2 cores, half each.
+  c.ranks_per_node = 4;
+  c.node_shared = true;
+  c.cores = 2;
+  EXPECT_DOUBLE_EQ(c.rank_memory_bandwidth(), 0.5e9);
+  EXPECT_DOUBLE_EQ(update(ShardingStrategy::kNoShard, 4, 1), (1001 + 2003) * 52 / 0.5e9);
+}
+
 TEST(Planner, EnumeratesEveryFactorization) {
   const ModelSpec m = model_preset("tiny");
   const auto plan = plan_cluster(m, toy_cluster(2, 4, 4));
@@ -272,6 +350,26 @@ TEST(Planner, BadInputIsOneLine) {
       }),
       "ranks_per_node");
   expect_one_line(error_of([] { read_cluster_file("/nonexistent/cluster.json"); }), "/nonexistent");
+  // A file from before the update was modelled: the missing field and the fix.
+  const std::string old_file = error_of([] {
+    parse_cluster_json(R"({"name": "x", "ranks_per_node": 4, "memory_gib": 80, "peak_tflops": 1,
+                           "intra": {"busbw_gbs": 1}})", "cluster file 'old.json'");
+  });
+  expect_one_line(old_file, "memory_bandwidth_gbs");
+  EXPECT_NE(old_file.find("fsdp-plan --calibrate"), std::string::npos) << old_file;
+  neg = c;
+  neg.memory_bandwidth = -5e9;
+  expect_one_line(error_of([&] { plan_cluster(tiny, neg, {}); }), "memory_bandwidth_gbs -5");
+  auto with_link = [](const std::string& intra) {
+    return R"({"name": "x", "ranks_per_node": 4, "memory_gib": 80, "peak_tflops": 1,
+               "memory_bandwidth_gbs": 10, "intra": )" + intra + "}";
+  };
+  expect_one_line(error_of([&] {
+    parse_cluster_json(with_link(R"({"busbw_gbs": 1, "reduce_scatter": 3})"), "f");
+  }), "reduce_scatter");
+  expect_one_line(error_of([&] {
+    parse_cluster_json(with_link(R"({"busbw_gbs": 1, "all_reduce": {"busbw_gbs": -2}})"), "f");
+  }), "all_reduce band 0");
 }
 
 TEST(Planner, PresetsParseAndRoundTrip) {

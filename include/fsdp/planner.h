@@ -9,8 +9,10 @@
 // (NOTE [planner cost model] in src/planner/cost_model.cpp; README "fsdp-plan: which strategy
 // and mesh"):
 //   ring all-gather / reduce-scatter of S bytes over n ranks: (n-1) a + (n-1)/n * S / busbw
-//   all-reduce: twice that; busbw by message-size band, as nccl-tests reports it
+//   all-reduce: 2 (n-1) a + 2 (n-1)/n * S / busbw; busbw by message-size band and collective,
+//   as nccl-tests reports it
 //   compute: FLOPs per token (6N + attention, + recomputed forward) / (peak x achievable fraction)
+//   update: shard parameters x optimizer bytes per parameter / memory bandwidth
 // No libtorch beyond c10's dtype: the planner is cheap to build and runs in milliseconds.
 #pragma once
 
@@ -70,18 +72,26 @@ struct ModelSpec {
 std::vector<std::string> model_preset_names();
 ModelSpec model_preset(const std::string& name);  // throws fsdp::Error listing the names
 
+// The collectives the engine issues, each with its own bandwidth where a link gives one.
+enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+
 // One link class. Bus bandwidth (nccl-tests' busbw: algbw x (n-1)/n for all-gather and
 // reduce-scatter, x 2(n-1)/n for all-reduce) by message size: below the first band's size the
 // first band's value, above the last the last's, log-linear in between. `latency_s` is the cost
-// of one ring step.
+// of one ring step. Like nccl-tests, each collective may have its own busbw: on a CPU a
+// reduce-scatter also sums (and allocates its ring buffers) where an all-gather only copies, and
+// Gloo's all-reduce is its own algorithm; an empty list takes `bands`.
 struct BandwidthBand {
   int64_t bytes = 0;    // message size (the whole buffer: gathered, or reduced)
   double busbw = 0;     // bytes per second
 };
 struct LinkSpec {
   double latency_s = 0;
-  std::vector<BandwidthBand> bands;
-  double busbw_at(int64_t bytes) const;
+  std::vector<BandwidthBand> bands;                 // all-gather, and the default
+  std::vector<BandwidthBand> reduce_scatter_bands;  // empty: bands
+  std::vector<BandwidthBand> all_reduce_bands;      // empty: bands
+  const std::vector<BandwidthBand>& bands_of(Collective c) const;
+  double busbw_at(int64_t bytes, Collective c = Collective::kAllGather) const;
 };
 
 // A cluster of identical nodes. Inter-node bandwidth is per NIC: a group with m of its ranks on
@@ -98,6 +108,9 @@ struct ClusterSpec {
                                // allocator fragmentation); subtracted before anything fits
   double peak_flops = 0;       // per rank, in the compute dtype
   double flops_fraction = 0;   // achievable fraction of peak_flops (calibrated or assumed)
+  // Bytes per second one rank's streaming element-wise kernels reach (the optimizer step over
+  // its shard: update_bytes_per_parameter); per core with node_shared, shared like peak_flops.
+  double memory_bandwidth = 0;
   LinkSpec intra;              // between ranks of one node, per rank
   LinkSpec inter;              // between nodes, per NIC
   int64_t nics_per_node = 1;
@@ -113,6 +126,7 @@ struct ClusterSpec {
   double comm_contention = 0;
   int64_t rank_memory() const { return node_shared ? memory_bytes / ranks_per_node : memory_bytes; }
   double rank_flops() const;  // achievable FLOP/s of one rank
+  double rank_memory_bandwidth() const;  // memory_bandwidth one rank gets
   // node_shared: how much of the collectives' time a step waits for (NOTE [planner cost
   // model]): 0 with a spare core (they overlap as scheduled); with r >= 1 ranks per core
   // k r / m for links measured at m ranks per core (m at least 1) and k = comm_contention;
@@ -171,7 +185,10 @@ struct PlanMemory {
 struct PlanTime {
   double compute = 0;        // every micro-step's forward and backward at the achievable rate
   double communication = 0;  // every collective back to back (what overlap has to hide)
-  double exposed = 0;        // step - compute: waiting on communication
+  double exposed = 0;        // step - compute - update: waiting on communication
+  // After the last reduction: the optimizer step, gradient clipping and the gradient's averaging
+  // over this rank's shard (update_bytes_per_parameter at ClusterSpec::memory_bandwidth).
+  double update = 0;
   double step = 0;
   double exposed_fraction() const { return step > 0 ? exposed / step : 0; }
 };
@@ -218,13 +235,22 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
                                  const PlanOptions& options, ShardingStrategy strategy,
                                  int64_t replicate, int64_t shard);
 
-// Collective times on one link (ring algorithms; n ranks; `bytes` the whole buffer):
+// Collective times on one link (ring algorithms; n ranks; `bytes` the whole buffer; busbw the
+// collective's own, LinkSpec::busbw_at):
 //   all_gather / reduce_scatter: (n-1) latency + (n-1)/n * bytes / busbw(bytes)
 //   all_reduce: 2 (n-1) latency + 2 (n-1)/n * bytes / busbw(bytes)
 double all_gather_time(const LinkSpec& link, int64_t n, int64_t bytes, double bandwidth_scale = 1);
 double reduce_scatter_time(const LinkSpec& link, int64_t n, int64_t bytes,
                            double bandwidth_scale = 1);
 double all_reduce_time(const LinkSpec& link, int64_t n, int64_t bytes, double bandwidth_scale = 1);
+
+// Bytes an optimizer step moves per parameter of a rank's shard, as libtorch's (unfused)
+// optimizers run it in fp32: AdamW (2 states) 22 reads and writes of 4 bytes: decay p, the two
+// moments' mul_ and add_/addcmul_, the denominator's sqrt, division and epsilon into
+// temporaries, addcdiv_ into p; SGD with momentum (1 state) 8; plain SGD (0) 3. Clipping adds 3
+// (the norm's read, the scaling) and a gradient averaged over more than one rank 2 (its
+// division after the reduction).
+double update_bytes_per_parameter(int64_t optimizer_states, bool clip, bool averaged);
 
 // Activation bytes per rank for one micro-batch (Korthikanti et al. 2022, eq. for a layer:
 // s b h (34 + 5 a s / h) with 16-bit activations; 4-byte activations double it), plus the logits.

@@ -21,7 +21,14 @@ extern const char* const kClustersJson;  // generated from src/planner/clusters.
 
 using detail::cat;
 
-double LinkSpec::busbw_at(int64_t bytes) const {
+const std::vector<BandwidthBand>& LinkSpec::bands_of(Collective c) const {
+  if (c == Collective::kReduceScatter && !reduce_scatter_bands.empty()) return reduce_scatter_bands;
+  if (c == Collective::kAllReduce && !all_reduce_bands.empty()) return all_reduce_bands;
+  return bands;
+}
+
+double LinkSpec::busbw_at(int64_t bytes, Collective c) const {
+  const auto& bands = bands_of(c);
   TORCH_INTERNAL_ASSERT(!bands.empty(), "a link without bandwidth");
   if (bands.size() == 1 || bytes <= bands.front().bytes) return bands.front().busbw;
   if (bytes >= bands.back().bytes) return bands.back().busbw;
@@ -38,6 +45,12 @@ double ClusterSpec::rank_flops() const {
   double f = peak_flops * flops_fraction;
   if (node_shared && cores > 0 && ranks_per_node > cores) f *= double(cores) / double(ranks_per_node);
   return f;
+}
+
+double ClusterSpec::rank_memory_bandwidth() const {
+  double b = memory_bandwidth;
+  if (node_shared && cores > 0 && ranks_per_node > cores) b *= double(cores) / double(ranks_per_node);
+  return b;
 }
 
 double ClusterSpec::shared_comm_exposure() const {
@@ -62,6 +75,9 @@ void ClusterSpec::validate() const {
   positive("peak_tflops", peak_flops, "give one rank's peak in TFLOP/s");
   FSDP_CHECK(flops_fraction > 0 && flops_fraction <= 1, "cluster ", name, ": flops_fraction ",
              flops_fraction, " must be in (0, 1]; e.g. 0.4 for 40% of peak");
+  positive("memory_bandwidth_gbs", memory_bandwidth / 1e9,
+           "give one rank's achievable memory bandwidth in GB/s (a GPU's HBM, a core's stream "
+           "rate; fsdp-plan --calibrate measures it)");
   FSDP_CHECK(reserve_bytes >= 0 && reserve_bytes < rank_memory(), "cluster ", name,
              ": reserve_gib must be at least 0 and below the memory of a rank");
   positive("nics_per_node", double(nics_per_node), "give the NICs of one node");
@@ -76,11 +92,17 @@ void ClusterSpec::validate() const {
                "busbw_gbs or bands");
     FSDP_CHECK(l->latency_s >= 0, "cluster ", name, ": ", which, " latency_us ",
                l->latency_s * 1e6, " is negative");
-    for (size_t i = 0; i < l->bands.size(); ++i) {
-      FSDP_CHECK(l->bands[i].busbw > 0 && (i == 0 || l->bands[i].bytes > l->bands[i - 1].bytes),
-                 "cluster ", name, ": ", which, " band ", i, " (", l->bands[i].bytes, " bytes, ",
-                 l->bands[i].busbw / 1e9, " GB/s) needs a positive busbw and sizes in ",
-                 "increasing order");
+    for (const auto* bands : {&l->bands, &l->reduce_scatter_bands, &l->all_reduce_bands}) {
+      const char* kind = bands == &l->bands ? "" : bands == &l->reduce_scatter_bands
+                                                       ? " reduce_scatter"
+                                                       : " all_reduce";
+      for (size_t i = 0; i < bands->size(); ++i) {
+        const BandwidthBand& b = (*bands)[i];
+        FSDP_CHECK(b.busbw > 0 && std::isfinite(b.busbw) && b.bytes > 0 &&
+                       (i == 0 || b.bytes > (*bands)[i - 1].bytes),
+                   "cluster ", name, ": ", which, kind, " band ", i, " (", b.bytes, " bytes, ",
+                   b.busbw / 1e9, " GB/s) needs a positive busbw and sizes in increasing order");
+      }
     }
   }
 }
@@ -102,20 +124,35 @@ double number(const Json& j, const char* key, const std::string& where, bool req
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-LinkSpec parse_link(const Json& j, const std::string& where) {
-  FSDP_CHECK(j.is_object(), where, " must be an object like {\"latency_us\": 5, \"busbw_gbs\": 450}");
-  LinkSpec l;
-  l.latency_s = number(j, "latency_us", where, false) * 1e-6;
+// {"busbw_gbs": X} or {"bands": [{"bytes": N, "busbw_gbs": X}, ...]}.
+std::vector<BandwidthBand> parse_bands(const Json& j, const std::string& where) {
+  std::vector<BandwidthBand> bands;
   if (j.contains("bands")) {
     FSDP_CHECK(j["bands"].is_array() && !j["bands"].empty(), where,
                ".bands must be a non-empty array of {\"bytes\": N, \"busbw_gbs\": X}");
     for (const auto& b : j["bands"]) {
       const std::string w = where + ".bands[]";
       FSDP_CHECK(b.is_object(), w, " must be an object");
-      l.bands.push_back({static_cast<int64_t>(number(b, "bytes", w)), number(b, "busbw_gbs", w) * 1e9});
+      bands.push_back({static_cast<int64_t>(number(b, "bytes", w)), number(b, "busbw_gbs", w) * 1e9});
     }
   } else {
-    l.bands.push_back({1, number(j, "busbw_gbs", where) * 1e9});
+    bands.push_back({1, number(j, "busbw_gbs", where) * 1e9});
+  }
+  return bands;
+}
+
+LinkSpec parse_link(const Json& j, const std::string& where) {
+  FSDP_CHECK(j.is_object(), where, " must be an object like {\"latency_us\": 5, \"busbw_gbs\": 450}");
+  LinkSpec l;
+  l.latency_s = number(j, "latency_us", where, false) * 1e-6;
+  l.bands = parse_bands(j, where);
+  // Optional: a collective's own busbw, {"busbw_gbs": X} or {"bands": [...]}.
+  for (auto [key, bands] : {std::pair{"reduce_scatter", &l.reduce_scatter_bands},
+                            std::pair{"all_reduce", &l.all_reduce_bands}}) {
+    if (!j.contains(key)) continue;
+    const std::string w = where + "." + key;
+    FSDP_CHECK(j[key].is_object(), w, " must be an object like {\"busbw_gbs\": 400}");
+    *bands = parse_bands(j[key], w);
   }
   return l;
 }
@@ -133,6 +170,10 @@ ClusterSpec parse_cluster(const Json& j, const std::string& where) {
   c.reserve_bytes = static_cast<int64_t>(number(j, "reserve_gib", w, false) * kGiB);
   c.peak_flops = number(j, "peak_tflops", w) * 1e12;
   c.flops_fraction = number(j, "flops_fraction", w, false, 1.0);
+  FSDP_CHECK(j.contains("memory_bandwidth_gbs"), w, ": field 'memory_bandwidth_gbs' (one rank's ",
+             "achievable memory bandwidth, for the optimizer step) is missing; add it, or rerun ",
+             "fsdp-plan --calibrate for this machine's file");
+  c.memory_bandwidth = number(j, "memory_bandwidth_gbs", w) * 1e9;
   FSDP_CHECK(j.contains("intra"), w, ": field 'intra' is missing");
   c.intra = parse_link(j["intra"], w + " intra");
   c.inter = j.contains("inter") ? parse_link(j["inter"], w + " inter") : c.intra;
@@ -236,14 +277,20 @@ std::string cluster_to_json(const ClusterSpec& c) {
   j["reserve_gib"] = double(c.reserve_bytes) / kGiB;
   j["peak_tflops"] = c.peak_flops / 1e12;
   j["flops_fraction"] = c.flops_fraction;
-  auto link = [](const LinkSpec& l) {
+  j["memory_bandwidth_gbs"] = c.memory_bandwidth / 1e9;
+  auto put_bands = [](nlohmann::ordered_json& o, const std::vector<BandwidthBand>& bands) {
+    if (bands.size() == 1) {
+      o["busbw_gbs"] = bands[0].busbw / 1e9;
+    } else {
+      for (const auto& b : bands) o["bands"].push_back({{"bytes", b.bytes}, {"busbw_gbs", b.busbw / 1e9}});
+    }
+  };
+  auto link = [&](const LinkSpec& l) {
     nlohmann::ordered_json o;
     o["latency_us"] = l.latency_s * 1e6;
-    if (l.bands.size() == 1) {
-      o["busbw_gbs"] = l.bands[0].busbw / 1e9;
-    } else {
-      for (const auto& b : l.bands) o["bands"].push_back({{"bytes", b.bytes}, {"busbw_gbs", b.busbw / 1e9}});
-    }
+    put_bands(o, l.bands);
+    if (!l.reduce_scatter_bands.empty()) put_bands(o["reduce_scatter"], l.reduce_scatter_bands);
+    if (!l.all_reduce_bands.empty()) put_bands(o["all_reduce"], l.all_reduce_bands);
     return o;
   };
   j["intra"] = link(c.intra);

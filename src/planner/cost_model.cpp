@@ -13,8 +13,9 @@
 //   backward ends, then all-reduced across replicas. The root's reduction comes last, after the
 //   embedding's backward: with nothing left to compute it is never hidden.
 // - A collective on n ranks over one link: ring all-gather / reduce-scatter
-//   (n-1) a + (n-1)/n * S / busbw(S), all-reduce twice that (nccl-tests' busbw). A group that
-//   spans nodes runs at the slower of its intra-node link and its share of the NICs.
+//   (n-1) a + (n-1)/n * S / busbw(S), all-reduce twice that (nccl-tests' busbw), each with the
+//   collective's own busbw where the link gives one (LinkSpec). A group that spans nodes runs at
+//   the slower of its intra-node link and its share of the NICs.
 // - Compute: FLOPs (ModelSpec::flops_per_token) at the rank's achievable rate, split over units
 //   by their parameters; the head and its backward belong to the root.
 // - A CPU machine (ClusterSpec::node_shared) with no spare core: Gloo's copies and sums run on
@@ -32,8 +33,15 @@
 //   by up to 31%. Rerun with this rule: 27 and 26 of 30 rows within 20% in two runs (FULL_SHARD
 //   at four ranks per core overstated by 21-30%: the ring with the most steps grows less than
 //   linearly there).
-// Not modelled: the optimizer step, the gradient-norm all-reduce (8 bytes), kernel launch gaps,
-// contention between compute and communication for memory bandwidth.
+// - The update: after the last reduction each rank runs the optimizer over its shard (with the
+//   gradient's averaging division and clipping): memory-bound, so its shard's parameters x
+//   update_bytes_per_parameter (AdamW 88 bytes as libtorch runs it) / ClusterSpec::
+//   memory_bandwidth, which fsdp-plan --calibrate measures by timing that very update. It is
+//   what makes a larger shard slower on a CPU: a (2, 2) HYBRID_SHARD_ZERO2 rank updates half the
+//   model where SHARD_GRAD_OP's (1, 4) updates a quarter, with the same bytes on the wire. On a
+//   GPU it is a percent or two of a step.
+// Not modelled: the gradient-norm all-reduce (8 bytes), kernel launch gaps, contention between
+// compute and communication for memory bandwidth.
 #include <algorithm>
 #include <cmath>
 
@@ -46,11 +54,12 @@ using detail::cat;
 
 namespace {
 
-double ring_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale, double steps) {
+// An all-reduce is two rings' worth of steps and bytes (nccl-tests' busbw definition).
+double ring_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale, Collective kind) {
   if (n <= 1 || bytes <= 0) return 0;
-  const double nn = double(n);
+  const double nn = double(n), steps = kind == Collective::kAllReduce ? 2 : 1;
   return steps * ((nn - 1) * link.latency_s +
-                  (nn - 1) / nn * double(bytes) / (link.busbw_at(bytes) * scale));
+                  (nn - 1) / nn * double(bytes) / (link.busbw_at(bytes, kind) * scale));
 }
 
 // The links one group's ring crosses, and the share of the node's NICs it gets.
@@ -79,22 +88,27 @@ GroupLinks group_links(const std::vector<int64_t>& group, const ClusterSpec& c) 
 
 // Time of one collective on a group: the slower of the intra-node ring and the NIC share.
 double group_time(const ClusterSpec& c, const GroupLinks& g, int64_t n, int64_t bytes,
-                  double steps) {
-  const double intra = ring_time(c.intra, n, bytes, 1.0, steps);
+                  Collective kind) {
+  const double intra = ring_time(c.intra, n, bytes, 1.0, kind);
   if (!g.crosses) return intra;
-  return std::max(intra, ring_time(c.inter, n, bytes, g.nic_share, steps));
+  return std::max(intra, ring_time(c.inter, n, bytes, g.nic_share, kind));
 }
 
 }  // namespace
 
+double update_bytes_per_parameter(int64_t optimizer_states, bool clip, bool averaged) {
+  const int64_t optimizer = optimizer_states >= 2 ? 22 : optimizer_states == 1 ? 8 : 3;
+  return 4.0 * double(optimizer + (clip ? 3 : 0) + (averaged ? 2 : 0));
+}
+
 double all_gather_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
-  return ring_time(link, n, bytes, scale, 1);
+  return ring_time(link, n, bytes, scale, Collective::kAllGather);
 }
 double reduce_scatter_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
-  return ring_time(link, n, bytes, scale, 1);
+  return ring_time(link, n, bytes, scale, Collective::kReduceScatter);
 }
 double all_reduce_time(const LinkSpec& link, int64_t n, int64_t bytes, double scale) {
-  return ring_time(link, n, bytes, scale, 2);
+  return ring_time(link, n, bytes, scale, Collective::kAllReduce);
 }
 
 namespace {
@@ -151,9 +165,9 @@ UnitTimes unit_times(const ModelSpec& model, const ClusterSpec& cluster, const P
       bwd[i] = (2 * plain_blocks / 3 + recomputed) * share / rate;
     }
     const int64_t gathered = (units[i].padded_numel + units[i].frozen_padded_numel) * pb;
-    ag[i] = group_time(cluster, sg, shard, gathered, 1);
-    rs[i] = group_time(cluster, sg, shard, units[i].padded_numel * rb, 1);
-    ar[i] = group_time(cluster, rg, replicate, units[i].shard_numel * rb, 2);
+    ag[i] = group_time(cluster, sg, shard, gathered, Collective::kAllGather);
+    rs[i] = group_time(cluster, sg, shard, units[i].padded_numel * rb, Collective::kReduceScatter);
+    ar[i] = group_time(cluster, rg, replicate, units[i].shard_numel * rb, Collective::kAllReduce);
   }
   return t;
 }
@@ -161,7 +175,7 @@ UnitTimes unit_times(const ModelSpec& model, const ClusterSpec& cluster, const P
 // The two-stream schedule (NOTE above) of one optimizer step: fills c.time and c.tokens_per_s.
 void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& cluster,
                    const PlanOptions& o, const UnitTimes& t, bool regather, int64_t replicate,
-                   int64_t shard) {
+                   int64_t shard, int64_t shard_params) {
   // Plain references, not a structured binding: the lambdas below use them, and C++17 does not
   // let a lambda capture a structured binding (clang refuses it).
   const auto &fwd = t.fwd, &bwd = t.bwd, &ag = t.ag, &rs = t.rs, &ar = t.ar;
@@ -234,6 +248,11 @@ void schedule_step(PlanCandidate& c, const ModelSpec& model, const ClusterSpec& 
   const double exposure = cluster.shared_comm_exposure();
   if (exposure > 0) c.time.step = compute + exposure * comm;
   c.time.exposed = std::max(0.0, c.time.step - compute);
+  // The optimizer step needs every reduced gradient: it follows the last reduction.
+  c.time.update = double(shard_params) *
+                  update_bytes_per_parameter(o.optimizer_states, o.clip, replicate * shard > 1) /
+                  cluster.rank_memory_bandwidth();
+  c.time.step += c.time.update;
   c.tokens_per_s = c.time.step > 0 ? tokens * double(o.grad_accum) / c.time.step : 0;
 }
 
@@ -290,7 +309,10 @@ PlanCandidate evaluate_candidate(const ModelSpec& model, const ClusterSpec& clus
   (c.replicate_crosses_nodes ? c.inter_bytes : c.intra_bytes) += rep_wire;
 
   const UnitTimes t = unit_times(model, cluster, o, units, sg, rg, replicate, shard);
-  schedule_step(c, model, cluster, o, t, plan.reshard_after_forward, replicate, shard);
+  int64_t shard_params = 0;  // trainable parameters this rank updates (padding included)
+  for (const auto& u : units) shard_params += u.shard_numel;
+  schedule_step(c, model, cluster, o, t, plan.reshard_after_forward, replicate, shard,
+                shard_params);
   return c;
 }
 

@@ -52,7 +52,8 @@ std::string ClusterPlan::to_text(const std::string& marked) const {
      << ", recompute " << to_string(o.recompute) << ", prefetch " << (o.prefetch ? "on" : "off")
      << "\n\n";
   os << "  " << pad("#", 4) << pad("strategy", 20) << pad("mesh", 11) << pad("memory/rank", 12)
-     << pad("fits", 6) << pad("compute", 10) << pad("exposed comm", 17) << pad("step", 10)
+     << pad("fits", 6) << pad("compute", 10) << pad("exposed comm", 17) << pad("update", 10)
+     << pad("step", 10)
      << pad("tok/s/rank", 11) << pad("intra/rank", 12) << "inter/rank\n";
   int i = 0;
   for (const auto& p : ranked) {
@@ -63,7 +64,7 @@ std::string ClusterPlan::to_text(const std::string& marked) const {
     os << (mark ? "* " : "  ") << pad(std::to_string(i), 4) << pad(to_string(p.strategy), 20)
        << pad(p.mesh_string(), 11) << pad(format_bytes(double(p.memory.total())), 12)
        << pad(p.fits ? "yes" : "no", 6) << pad(seconds(p.time.compute), 10) << pad(buf, 17)
-       << pad(seconds(p.time.step), 10) << pad(format_count(p.tokens_per_s), 11)
+       << pad(seconds(p.time.update), 10) << pad(seconds(p.time.step), 10) << pad(format_count(p.tokens_per_s), 11)
        << pad(format_bytes(double(p.intra_bytes)), 12) << format_bytes(double(p.inter_bytes))
        << "\n";
   }
@@ -132,6 +133,7 @@ std::string ClusterPlan::to_json() const {
     c["time_s"] = {{"compute", p.time.compute},
                    {"communication", p.time.communication},
                    {"exposed", p.time.exposed},
+                   {"update", p.time.update},
                    {"step", p.time.step}};
     c["exposed_fraction"] = p.time.exposed_fraction();
     c["tokens_per_s_per_rank"] = p.tokens_per_s;
@@ -170,16 +172,18 @@ std::string ClusterPlan::chart_script(const std::string& png) const {
   for (size_t i = 0; i < n; ++i) {
     const auto& p = ranked[i];
     // The best on top: y counts down from n - 1.
-    std::snprintf(buf, sizeof(buf), "%zu \"%s\" %.6g %.6g %.6g %d\n", n - 1 - i, p.label().c_str(),
-                  p.time.compute, p.time.exposed, double(p.memory.total()) / (1024.0 * 1024 * 1024),
-                  p.fits ? 1 : 0);
+    std::snprintf(buf, sizeof(buf), "%zu \"%s\" %.6g %.6g %.6g %d %.6g\n", n - 1 - i,
+                  p.label().c_str(), p.time.compute, p.time.exposed,
+                  double(p.memory.total()) / (1024.0 * 1024 * 1024), p.fits ? 1 : 0,
+                  p.time.update);
     os << buf;
   }
   os << "EOD\n";
   const double cap = double(cluster.rank_memory()) / (1024.0 * 1024 * 1024);
   os << "set xlabel 'seconds per optimizer step'\nset ytics nomirror\n"
      << "plot $d using ($3/2):1:($3/2):(0.35):ytic(2) with boxxyerror lc rgb '#4477aa' title 'compute', "
-     << "$d using ($3+$4/2):1:($4/2):(0.35) with boxxyerror lc rgb '#ee6677' title 'exposed communication'\n"
+     << "$d using ($3+$4/2):1:($4/2):(0.35) with boxxyerror lc rgb '#ee6677' title 'exposed communication', "
+     << "$d using ($3+$4+$7/2):1:($7/2):(0.35) with boxxyerror lc rgb '#ccbb44' title 'update (optimizer)'\n"
      << "set xlabel 'GiB per rank (predicted)'\nset format y ''\n"
      << "set arrow 1 from " << cap << ",-0.5 to " << cap << "," << n
      << "-0.5 nohead lw 2 dt 2 lc rgb 'black'\n"

@@ -3,10 +3,13 @@
 
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <torch/optim/adamw.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +21,8 @@
 
 #include "fsdp/error.h"
 #include "fsdp/planner.h"
+#include "fsdp/process.h"
+#include "fsdp/runtime_options.h"
 
 namespace fsdp_plan {
 
@@ -68,13 +73,18 @@ std::string sibling(const std::string& self, const std::string& name) {
 
 const char* const kThreads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 
-// 1. Collectives: bench_collectives' rows "all_gather/ring  MiB  ms  busbw" and
-//    "reduce_scatter/ring ..." as bytes -> GB/s samples.
-std::map<int64_t, std::vector<double>> measure_busbw(const CalibrateOptions& o,
-                                                     const std::string& self) {
+// 1. Collectives: bench_collectives' rows "all_gather/ring  MiB  ms  busbw",
+//    "reduce_scatter/ring ..." and "all_reduce ..." (Gloo's own, what the engine runs for fp32)
+//    as bytes -> GB/s samples per collective: the ones the engine issues on Gloo.
+using BusbwSamples = std::map<fsdp::Collective, std::map<int64_t, std::vector<double>>>;
+BusbwSamples measure_busbw(const CalibrateOptions& o, const std::string& self) {
   const std::string bench = run(kThreads + sibling(self, "bench_collectives") + " --devices " +
-                                std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 5");
-  std::map<int64_t, std::vector<double>> busbw;
+                                std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 9");
+  const std::map<std::string, fsdp::Collective> rows = {
+      {"all_gather/ring", fsdp::Collective::kAllGather},
+      {"reduce_scatter/ring", fsdp::Collective::kReduceScatter},
+      {"all_reduce", fsdp::Collective::kAllReduce}};
+  BusbwSamples busbw;
   std::istringstream in(bench);
   std::string line;
   while (std::getline(in, line)) {
@@ -82,11 +92,14 @@ std::map<int64_t, std::vector<double>> measure_busbw(const CalibrateOptions& o,
     std::string name;
     double mib = 0, ms = 0, gbs = 0;
     if (!(f >> name >> mib >> ms >> gbs)) continue;
-    if (name == "all_gather/ring" || name == "reduce_scatter/ring") {
-      busbw[static_cast<int64_t>(mib * 1024 * 1024)].push_back(gbs);
+    if (const auto it = rows.find(name); it != rows.end()) {
+      busbw[it->second][static_cast<int64_t>(mib * 1024 * 1024)].push_back(gbs);
     }
   }
-  FSDP_CHECK(!busbw.empty(), "bench_collectives printed no ring rows: ", bench.substr(0, 300));
+  for (const auto& [name, kind] : rows) {
+    FSDP_CHECK(busbw.count(kind), "bench_collectives printed no '", name, "' rows: ",
+               bench.substr(0, 300));
+  }
   return busbw;
 }
 
@@ -117,33 +130,84 @@ double measure_step_seconds(const CalibrateOptions& o, const std::string& self, 
   return tail[tail.size() / 2];
 }
 
-// 3. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw. The latency per ring step
-//    comes from the two smallest sizes (t = (n-1) a + (n-1)/n S / B with one B between them);
-//    each band then keeps the bandwidth that the rest of its time implies, so small messages pay
-//    the latency and large ones the measured rate.
-void fit_link(const std::map<int64_t, std::vector<double>>& busbw, int64_t devices,
-              fsdp::LinkSpec& link) {
-  const double n = double(devices), f = (n - 1) / n;
-  std::vector<std::pair<double, double>> points;  // bytes, seconds
-  for (const auto& [bytes, samples] : busbw) {
-    double sum = 0;
-    for (double s : samples) sum += s;
-    points.push_back({double(bytes), f * double(bytes) / (sum / double(samples.size()) * 1e9)});
+// 3. The update: libtorch's AdamW with fsdp-train's default options over `n` fp32 parameters in
+//    eight tensors (larger than a core's caches), after the gradient's averaging division and clipping (norm, scale), one
+//    thread and fsdp's default heap policy, as a rank runs it after its last reduction:
+//    memory_bandwidth = update_bytes_per_parameter x n / the median time. (Under glibc's own
+//    policy the optimizer's temporaries are fresh mappings each step: 27 ns per parameter here
+//    against 6 with the policy.)
+double measure_update_bandwidth(int64_t n) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  fsdp::set_heap_policy(fsdp::RuntimeOptions{}.heap);
+  std::vector<torch::Tensor> params;
+  for (int i = 0; i < 8; ++i) {
+    params.push_back(torch::randn({n / 8}).requires_grad_());
+    params.back().mutable_grad() = torch::randn({n / 8});
   }
-  double latency = 0;
-  if (points.size() >= 2 && points[1].second > points[0].second) {
-    const double b = f * (points[1].first - points[0].first) / (points[1].second - points[0].second);
-    latency = std::max(0.0, (points[0].second - f * points[0].first / b) / (n - 1));
+  torch::optim::AdamW adamw(params, torch::optim::AdamWOptions(1e-4).betas({0.9, 0.95})
+                                        .eps(1e-8).weight_decay(0.01));
+  std::vector<double> times;
+  for (int step = 0; step < 9; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      torch::NoGradGuard no_grad;
+      double sumsq = 0;
+      for (auto& p : params) {
+        p.mutable_grad().div_(2.0);
+        const double norm = p.grad().norm().item<double>();
+        sumsq += norm * norm;
+      }
+      for (auto& p : params) p.mutable_grad().mul_(1.0 / (std::sqrt(sumsq) + 1e-6));
+    }
+    adamw.step();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  link.latency_s = latency;
-  link.bands.clear();
-  for (const auto& [bytes, t] : points) {
-    const double rest = std::max(t - (n - 1) * latency, 0.1 * t);
-    link.bands.push_back({static_cast<int64_t>(bytes), f * bytes / rest});
-  }
+  at::set_num_threads(threads);
+  std::vector<double> tail(times.begin() + 3, times.end());
+  std::sort(tail.begin(), tail.end());
+  return fsdp::update_bytes_per_parameter(2, true, true) * double(n) / tail[tail.size() / 2];
 }
 
-// 4. Collectives inside a training step: `devices` ranks (the density the links were measured
+// 4. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw (all-reduce: twice). The
+//    latency per ring step comes from the all-gather's two smallest sizes (t = (n-1) a + (n-1)/n
+//    S / B with one B between them); each collective's band then keeps the bandwidth that the
+//    rest of its time implies, so small messages pay the latency and large ones the measured
+//    rate.
+void fit_link(const BusbwSamples& busbw, int64_t devices, fsdp::LinkSpec& link) {
+  const double n = double(devices);
+  // bytes -> seconds for one collective; f = (n-1)/n, or 2 (n-1)/n for an all-reduce.
+  auto points = [&](fsdp::Collective kind, double f) {
+    std::vector<std::pair<double, double>> p;
+    for (const auto& [bytes, samples] : busbw.at(kind)) {
+      double sum = 0;
+      for (double s : samples) sum += s;
+      p.push_back({double(bytes), f * double(bytes) / (sum / double(samples.size()) * 1e9)});
+    }
+    return p;
+  };
+  const double f = (n - 1) / n;
+  const auto ag = points(fsdp::Collective::kAllGather, f);
+  double latency = 0;
+  if (ag.size() >= 2 && ag[1].second > ag[0].second) {
+    const double b = f * (ag[1].first - ag[0].first) / (ag[1].second - ag[0].second);
+    latency = std::max(0.0, (ag[0].second - f * ag[0].first / b) / (n - 1));
+  }
+  link.latency_s = latency;
+  auto bands = [&](const std::vector<std::pair<double, double>>& p, double steps) {
+    std::vector<fsdp::BandwidthBand> out;
+    for (const auto& [bytes, t] : p) {
+      const double rest = std::max(t - steps * (n - 1) * latency, 0.1 * t);
+      out.push_back({static_cast<int64_t>(bytes), steps * f * bytes / rest});
+    }
+    return out;
+  };
+  link.bands = bands(ag, 1);
+  link.reduce_scatter_bands = bands(points(fsdp::Collective::kReduceScatter, f), 1);
+  link.all_reduce_bands = bands(points(fsdp::Collective::kAllReduce, 2 * f), 2);
+}
+
+// 5. Collectives inside a training step: `devices` ranks (the density the links were measured
 //    at) train the small GPT with FULL_SHARD, one sequence each, so the collectives are about
 //    half the step. k = (measured step - predicted compute) / predicted collectives' time: how
 //    many times their benchmarked time the collectives take in a step (NOTE [planner cost
@@ -178,17 +242,27 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   FSDP_CHECK(o.steps >= 2, "--calibrate-steps ", o.steps, " is too few; use 2 or more");
   const std::string output = o.output.empty() ? fsdp::calibrated_cluster_path() : o.output;
   const auto busbw = measure_busbw(o, self);
+  const int64_t update_params = int64_t(32) << 20;
+  const double bandwidth = measure_update_bandwidth(update_params);
   const int64_t batch = 8, seq = 128;
   const double step = measure_step_seconds(o, self, batch, seq);
   fsdp::ModelSpec small = fsdp::model_preset("small");
   small.seq_len = seq;
+  // The one-process step is its forward and backward plus its update (clipped; one rank does not
+  // average): the compute rate is the FLOPs over the rest.
+  const double update = double(small.parameters()) *
+                        fsdp::update_bytes_per_parameter(2, true, false) / bandwidth;
+  FSDP_CHECK(step > 2 * update, "--calibrate: a one-process step of the small GPT took ", step,
+             " s, little more than its optimizer update (", update, " s): the machine was busy "
+             "while calibrating; rerun --calibrate on an idle machine");
 
   fsdp::ClusterSpec c = fsdp::cluster_preset("this-machine");
   c.description = "this machine, measured by fsdp-plan --calibrate";
   c.cores = std::max<int64_t>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
   c.memory_bytes = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGESIZE));
-  c.peak_flops = small.flops_per_token(fsdp::Recompute::kNone) * double(batch * seq) / step;
+  c.peak_flops = small.flops_per_token(fsdp::Recompute::kNone) * double(batch * seq) / (step - update);
   c.flops_fraction = 1.0;
+  c.memory_bandwidth = bandwidth;
   fit_link(busbw, o.devices, c.intra);
   c.inter = c.intra;
   c.ranks_per_node = o.devices;
@@ -197,10 +271,18 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   c.comm_contention = measure_contention(o, self, c, contention_source);
   c.sources = {
       {"peak_tflops", cat("measured: fsdp-train --model small, 1 process, 1 thread, ", batch, " x ",
-                          seq, " tokens, median step ", step, " s (achieved rate, so fraction 1)")},
+                          seq, " tokens, median step ", step, " s less its update ", update,
+                          " s (achieved rate, so fraction 1)")},
+      {"memory_bandwidth_gbs",
+       cat("measured: libtorch AdamW (fsdp-train's options) after averaging and clipping, ",
+           update_params, " fp32 parameters, 1 thread: ",
+           fsdp::update_bytes_per_parameter(2, true, true) / bandwidth * 1e9,
+           " ns per parameter, taken as ", fsdp::update_bytes_per_parameter(2, true, true),
+           " bytes each")},
       {"intra", cat("measured: bench_collectives --devices ", o.devices, " --sizes ", o.sizes,
-                    ", ring all-gather and reduce-scatter; latency per ring step fitted on the "
-                    "two smallest sizes, bands the bandwidth of the rest of each time")},
+                    ", ring all-gather, ring reduce-scatter and Gloo's all-reduce, each its own "
+                    "bands; latency per ring step fitted on the all-gather's two smallest sizes, "
+                    "bands the bandwidth of the rest of each time")},
       {"memory_gib", "sysconf: physical memory, shared by the ranks"},
       {"cores", "sysconf: online CPUs"},
       {"comm_contention", contention_source},
