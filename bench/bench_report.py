@@ -69,7 +69,7 @@ def planner_section(pl, cores):
           f"{p_spread:.2f}x: where the first is much larger, the machine's load (other jobs), "
           "not the strategy, decided the measured order.", "",
           "`fsdp-plan --calibrate` measured this machine first (compute: "
-          f"{c['peak_tflops'] * 1e3:.1f} GFLOP/s per core from one-process fsdp-train steps"
+          f"{c['peak_tflops'] * 1e3:.1f} GFLOP/s per core from one-process fsdp-train steps (the middle of three runs)"
           + (f" less their update; the update: {c['memory_bandwidth_gbs']:.1f} GB/s per core from "
              "libtorch's AdamW over 32 Mi parameters" if c.get("memory_bandwidth_gbs") else "")
           + f"; busbw GB/s by buffer size: {links}; {cores} cores shared by "
@@ -82,8 +82,8 @@ def planner_section(pl, cores):
           "ranks of a core), x = k r / m at r ranks per core, the links measured "
           f"at m = {c.get('comm_ranks_per_node', 0) / max(1, c.get('cores', 1)):g} per core, and "
           + (f"k = {c['comm_contention']:.2f} measured by the calibration's {c.get('comm_ranks_per_node', 0)}"
-             "-rank FULL_SHARD run of the small GPT (4 sequences of 128 tokens, unlike every row "
-             "below)" if c.get("comm_contention") else "k = 1 (not measured)")
+             "-rank FULL_SHARD runs of the small GPT (the middle of three; 4 sequences of 128 "
+             "tokens, unlike every row below)" if c.get("comm_contention") else "k = 1 (not measured)")
           + " (NOTE [planner cost model]).", "",
           f"Each configuration ran once per round, {pl.get('rounds', 1)} round(s), the order "
           "reversed every other round; `measured` is the median over rounds, `rounds` the "
@@ -111,19 +111,22 @@ def planner_section(pl, cores):
     groups = {}
     for r in rows:
         groups.setdefault((r["model"], r["world"]), []).append(r)
-    same = 0
+    same = agree = 0
     pairs = {"ordered": 0, "resolved": 0, "right": 0, "wrong": []}
     for (model, w), g in groups.items():
         meas = [x["strategy"] for x in sorted(g, key=lambda x: x["measured_step_s"])]
         pred = [x["strategy"] for x in sorted(g, key=lambda x: x["predicted_step_s"])]
         same += meas == pred
+        agree += rounds_agree(g)
         md.append(f"| {model} | {w} | {', '.join(meas)} | {tied_ranking(g)} | "
                   f"{'yes' if meas == pred else 'no'} |")
         rank_pairs(g, pairs, f"{model} W={w}")
     md += ["", f"Rankings equal in {same} of {len(groups)} (model, W) groups (`~` joins "
            f"strategies predicted within {100 * TIE:.0f}% of each other: the same work, or nearly)."
-           " A whole ranking of five is a strict test where strategies differ by a few percent, so "
-           "also by pairs: of the "
+           " A whole ranking of five is a strict test where strategies differ by a few percent: the "
+           f"measurement's own rounds rank the five alike in {agree} of {len(groups)} groups, so no "
+           "prediction can match a whole measured ranking more often than the measurement repeats "
+           "it. So also by pairs: of the "
            f"{pairs['ordered']} pairs of strategies (same model and W) the model puts more than "
            f"{100 * TIE:.0f}% apart, {pairs['resolved']} are resolved by the measurement (every round "
            "of one faster than every round of the other), and the predicted order is the measured "
@@ -145,6 +148,15 @@ def tied_ranking(g):
         close = b["predicted_step_s"] <= a["predicted_step_s"] * (1 + TIE)
         out += (" ~ " if close else ", ") + b["strategy"]
     return out
+
+
+def rounds_agree(g):
+    """Whether every round of the measurement ranks the group's strategies alike (a round's time
+    of a configuration is its entry in measured_rounds_s)."""
+    n = min(len(x.get("measured_rounds_s", [])) for x in g)
+    orders = {tuple(x["strategy"] for x in sorted(g, key=lambda x: x["measured_rounds_s"][k]))
+              for k in range(n)}
+    return n > 1 and len(orders) == 1
 
 
 def rank_pairs(g, pairs, where):
