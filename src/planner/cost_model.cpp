@@ -26,13 +26,14 @@
 //   worth. k (comm_contention) is how many times their benchmarked time the collectives take
 //   inside a step at r = m: ranks reach each collective at different moments when their cores
 //   also compute, and a ring step waits for the slowest. fsdp-plan --calibrate measures k from
-//   one FULL_SHARD run (1.16-1.62 in eight runs here, 2026-12-05). Read off this machine's rows
-//   (bench "Planner"): (step - compute) / (benchmarked collectives) was 0.87 at one rank per
-//   core, 1.65 at two, 3.1 at four (medians over strategies and two models) -- linear in r. An
-//   earlier rule, max(1, (r - 1) / (m - 1)), put 1 at two ranks per core and missed those rows
-//   by up to 31%. Rerun with this rule: 27 and 26 of 30 rows within 20% in two runs (FULL_SHARD
-//   at four ranks per core overstated by 21-30%: the ring with the most steps grows less than
-//   linearly there).
+//   the middle of three FULL_SHARD runs (single runs gave 0.81-2.54 here on 2026-12-05: one
+//   busy run sets it). Read off this machine's rows (bench "Planner"): (step - compute) /
+//   (benchmarked collectives) was 0.87 at one rank per core, 1.65 at two, 3.1 at four (medians
+//   over strategies and two models) -- linear in r. An earlier rule, max(1, (r - 1) / (m - 1)),
+//   put 1 at two ranks per core and missed those rows by up to 31%. With this rule but one busbw
+//   for every collective and no update: 27 and 26 of 30 rows within 20%, FULL_SHARD at four
+//   ranks per core overstated by 21-30% and HYBRID_SHARD_ZERO2 (2, 2) understated by 22-25%;
+//   with each collective's own busbw and the update below, 30 of 30 (README, BENCHMARKS.md).
 // - The update: after the last reduction each rank runs the optimizer over its shard (with the
 //   gradient's averaging division and clipping): memory-bound, so its shard's parameters x
 //   update_bytes_per_parameter (AdamW 88 bytes as libtorch runs it) / ClusterSpec::

@@ -75,25 +75,30 @@ const char* const kThreads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 
 // 1. Collectives: bench_collectives' rows "all_gather/ring  MiB  ms  busbw",
 //    "reduce_scatter/ring ..." and "all_reduce ..." (Gloo's own, what the engine runs for fp32)
-//    as bytes -> GB/s samples per collective: the ones the engine issues on Gloo.
+//    as bytes -> GB/s samples per collective: the ones the engine issues on Gloo. Three runs of
+//    bench_collectives (each the median of 9): one run's size-to-size drift made single
+//    calibrations' bands differ by 4x here.
 using BusbwSamples = std::map<fsdp::Collective, std::map<int64_t, std::vector<double>>>;
 BusbwSamples measure_busbw(const CalibrateOptions& o, const std::string& self) {
-  const std::string bench = run(kThreads + sibling(self, "bench_collectives") + " --devices " +
-                                std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 9");
   const std::map<std::string, fsdp::Collective> rows = {
       {"all_gather/ring", fsdp::Collective::kAllGather},
       {"reduce_scatter/ring", fsdp::Collective::kReduceScatter},
       {"all_reduce", fsdp::Collective::kAllReduce}};
   BusbwSamples busbw;
-  std::istringstream in(bench);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string name;
-    double mib = 0, ms = 0, gbs = 0;
-    if (!(f >> name >> mib >> ms >> gbs)) continue;
-    if (const auto it = rows.find(name); it != rows.end()) {
-      busbw[it->second][static_cast<int64_t>(mib * 1024 * 1024)].push_back(gbs);
+  std::string bench;
+  for (int pass = 0; pass < 3; ++pass) {
+    bench = run(kThreads + sibling(self, "bench_collectives") + " --devices " +
+                std::to_string(o.devices) + " --sizes " + o.sizes + " --iters 9");
+    std::istringstream in(bench);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string name;
+      double mib = 0, ms = 0, gbs = 0;
+      if (!(f >> name >> mib >> ms >> gbs)) continue;
+      if (const auto it = rows.find(name); it != rows.end()) {
+        busbw[it->second][static_cast<int64_t>(mib * 1024 * 1024)].push_back(gbs);
+      }
     }
   }
   for (const auto& [name, kind] : rows) {
@@ -169,29 +174,38 @@ double measure_update_bandwidth(int64_t n) {
   return fsdp::update_bytes_per_parameter(2, true, true) * double(n) / tail[tail.size() / 2];
 }
 
-// 4. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw (all-reduce: twice). The
-//    latency per ring step comes from the all-gather's two smallest sizes (t = (n-1) a + (n-1)/n
-//    S / B with one B between them); each collective's band then keeps the bandwidth that the
+// 4. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw (all-reduce: twice), from
+//    the median of each size's samples. The latency per ring step is the intercept of a
+//    least-squares line through the all-gather's times (t = (n-1) a + (n-1)/n S / B), at most
+//    half the smallest size's time; each collective's band then keeps the bandwidth that the
 //    rest of its time implies, so small messages pay the latency and large ones the measured
-//    rate.
+//    rate. (Fitted on the two smallest sizes alone, the latency came out 0 or 1 ms run to run.)
 void fit_link(const BusbwSamples& busbw, int64_t devices, fsdp::LinkSpec& link) {
   const double n = double(devices);
   // bytes -> seconds for one collective; f = (n-1)/n, or 2 (n-1)/n for an all-reduce.
   auto points = [&](fsdp::Collective kind, double f) {
     std::vector<std::pair<double, double>> p;
     for (const auto& [bytes, samples] : busbw.at(kind)) {
-      double sum = 0;
-      for (double s : samples) sum += s;
-      p.push_back({double(bytes), f * double(bytes) / (sum / double(samples.size()) * 1e9)});
+      std::vector<double> sorted = samples;
+      std::sort(sorted.begin(), sorted.end());
+      p.push_back({double(bytes), f * double(bytes) / (sorted[sorted.size() / 2] * 1e9)});
     }
     return p;
   };
   const double f = (n - 1) / n;
   const auto ag = points(fsdp::Collective::kAllGather, f);
   double latency = 0;
-  if (ag.size() >= 2 && ag[1].second > ag[0].second) {
-    const double b = f * (ag[1].first - ag[0].first) / (ag[1].second - ag[0].second);
-    latency = std::max(0.0, (ag[0].second - f * ag[0].first / b) / (n - 1));
+  if (ag.size() >= 2) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [x, y] : ag) {
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
+    }
+    const double m = double(ag.size()), slope = (m * sxy - sx * sy) / (m * sxx - sx * sx);
+    const double intercept = (sy - slope * sx) / m;
+    latency = std::clamp(intercept / (n - 1), 0.0, 0.5 * ag.front().second / (n - 1));
   }
   link.latency_s = latency;
   auto bands = [&](const std::vector<std::pair<double, double>>& p, double steps) {
@@ -296,9 +310,9 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
            " ns per parameter, taken as ", fsdp::update_bytes_per_parameter(2, true, true),
            " bytes each")},
       {"intra", cat("measured: bench_collectives --devices ", o.devices, " --sizes ", o.sizes,
-                    ", ring all-gather, ring reduce-scatter and Gloo's all-reduce, each its own "
-                    "bands; latency per ring step fitted on the all-gather's two smallest sizes, "
-                    "bands the bandwidth of the rest of each time")},
+                    " (three runs, median), ring all-gather, ring reduce-scatter and Gloo's "
+                    "all-reduce, each its own bands; latency per ring step the intercept of a line "
+                    "through the all-gather's times, bands the bandwidth of the rest of each time")},
       {"memory_gib", "sysconf: physical memory, shared by the ranks"},
       {"cores", "sysconf: online CPUs"},
       {"comm_contention", contention_source},
