@@ -41,17 +41,20 @@ double LinkSpec::busbw_at(int64_t bytes, Collective c) const {
   return bands.back().busbw;
 }
 
-double ClusterSpec::rank_flops() const {
-  double f = peak_flops * flops_fraction;
-  if (node_shared && cores > 0 && ranks_per_node > cores) f *= double(cores) / double(ranks_per_node);
-  return f;
+namespace {
+// The share of one core's rates (FLOP/s, memory bandwidth) a rank gets: on a node_shared machine
+// with more ranks than cores they take turns; otherwise the whole of them.
+double core_share(const ClusterSpec& c) {
+  if (c.node_shared && c.cores > 0 && c.ranks_per_node > c.cores) {
+    return double(c.cores) / double(c.ranks_per_node);
+  }
+  return 1.0;
 }
+}  // namespace
 
-double ClusterSpec::rank_memory_bandwidth() const {
-  double b = memory_bandwidth;
-  if (node_shared && cores > 0 && ranks_per_node > cores) b *= double(cores) / double(ranks_per_node);
-  return b;
-}
+double ClusterSpec::rank_flops() const { return peak_flops * flops_fraction * core_share(*this); }
+
+double ClusterSpec::rank_memory_bandwidth() const { return memory_bandwidth * core_share(*this); }
 
 double ClusterSpec::shared_comm_exposure() const {
   if (!node_shared) return 0;

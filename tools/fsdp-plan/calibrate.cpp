@@ -73,6 +73,14 @@ std::string sibling(const std::string& self, const std::string& name) {
 
 const char* const kThreads = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ";
 
+// The middle value (the upper one of an even count): every measurement below is a median, since
+// one run on a busy machine can be off by 2x.
+double median(std::vector<double> v) {
+  TORCH_INTERNAL_ASSERT(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // 1. Collectives: bench_collectives' rows "all_gather/ring  MiB  ms  busbw",
 //    "reduce_scatter/ring ..." and "all_reduce ..." (Gloo's own, what the engine runs for fp32)
 //    as bytes -> GB/s samples per collective: the ones the engine issues on Gloo. Three runs of
@@ -130,17 +138,15 @@ double measure_step_seconds(const CalibrateOptions& o, const std::string& self, 
   }
   ::unlink(tmpl);
   FSDP_CHECK(!times.empty(), "fsdp-train wrote no metrics");
-  std::vector<double> tail(times.begin() + long(times.size() / 2), times.end());
-  std::sort(tail.begin(), tail.end());
-  return tail[tail.size() / 2];
+  return median(std::vector<double>(times.begin() + long(times.size() / 2), times.end()));
 }
 
 // 3. The update: libtorch's AdamW with fsdp-train's default options over `n` fp32 parameters in
-//    eight tensors (larger than a core's caches), after the gradient's averaging division and clipping (norm, scale), one
-//    thread and fsdp's default heap policy, as a rank runs it after its last reduction:
-//    memory_bandwidth = update_bytes_per_parameter x n / the median time. (Under glibc's own
-//    policy the optimizer's temporaries are fresh mappings each step: 27 ns per parameter here
-//    against 6 with the policy.)
+//    eight tensors (larger than a core's caches), after the gradient's averaging division and
+//    clipping (norm, scale), one thread and fsdp's default heap policy, as a rank runs it after
+//    its last reduction: memory_bandwidth = update_bytes_per_parameter x n / the median time.
+//    (Under glibc's own policy the optimizer's temporaries are fresh mappings each step: 27 ns
+//    per parameter here against 2.2-2.9 with the policy.)
 double measure_update_bandwidth(int64_t n) {
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
@@ -169,9 +175,8 @@ double measure_update_bandwidth(int64_t n) {
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   at::set_num_threads(threads);
-  std::vector<double> tail(times.begin() + 3, times.end());
-  std::sort(tail.begin(), tail.end());
-  return fsdp::update_bytes_per_parameter(2, true, true) * double(n) / tail[tail.size() / 2];
+  return fsdp::update_bytes_per_parameter(2, true, true) * double(n) /
+         median(std::vector<double>(times.begin() + 3, times.end()));
 }
 
 // 4. The link of `devices` ranks. Time per size t = (n-1)/n S / busbw (all-reduce: twice), from
@@ -186,9 +191,7 @@ void fit_link(const BusbwSamples& busbw, int64_t devices, fsdp::LinkSpec& link) 
   auto points = [&](fsdp::Collective kind, double f) {
     std::vector<std::pair<double, double>> p;
     for (const auto& [bytes, samples] : busbw.at(kind)) {
-      std::vector<double> sorted = samples;
-      std::sort(sorted.begin(), sorted.end());
-      p.push_back({double(bytes), f * double(bytes) / (sorted[sorted.size() / 2] * 1e9)});
+      p.push_back({double(bytes), f * double(bytes) / (median(samples) * 1e9)});
     }
     return p;
   };
@@ -235,9 +238,7 @@ double measure_contention(const CalibrateOptions& o, const std::string& self,
   for (int run = 0; run < 3; ++run) {
     steps.push_back(measure_step_seconds(o, self, o.devices, seq, o.devices, 3 * o.steps));
   }
-  std::vector<double> sorted = steps;
-  std::sort(sorted.begin(), sorted.end());
-  const double step = sorted[1];
+  const double step = median(steps);
   fsdp::ModelSpec small = fsdp::model_preset("small");
   small.seq_len = seq;
   c.comm_contention = 1;
@@ -273,8 +274,7 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   // others' and every prediction of the planner bench low.
   std::vector<double> runs;
   for (int run = 0; run < 3; ++run) runs.push_back(measure_step_seconds(o, self, batch, seq));
-  std::sort(runs.begin(), runs.end());
-  const double step = runs[1];
+  const double step = median(runs);
   fsdp::ModelSpec small = fsdp::model_preset("small");
   small.seq_len = seq;
   // The one-process step is its forward and backward plus its update (clipped; one rank does not
