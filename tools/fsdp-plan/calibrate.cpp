@@ -254,7 +254,7 @@ double measure_contention(const CalibrateOptions& o, const std::string& self,
              "--calibrate on an idle machine");
   source = cat("measured: fsdp-train --model small --devices ", o.devices, " --strategy full_shard, ",
                o.devices, " x ", seq, " tokens, three runs' median steps ", steps[0], ", ",
-               steps[1], ", ", steps[2], " s; the middle one = predicted compute ",
+               steps[1], ", ", steps[2], " s; their median = predicted compute ",
                p.time.compute, " s + update ", p.time.update, " s + k x the collectives' ",
                p.time.communication, " s");
   return k;
@@ -301,7 +301,7 @@ int calibrate(const CalibrateOptions& o, const std::string& self) {
   c.sources = {
       {"peak_tflops", cat("measured: fsdp-train --model small, 1 process, 1 thread, ", batch, " x ",
                           seq, " tokens, three runs' median steps ", runs[0], ", ", runs[1], ", ",
-                          runs[2], " s; the middle one less its update ", update,
+                          runs[2], " s; their median less its update ", update,
                           " s (achieved rate, so fraction 1)")},
       {"memory_bandwidth_gbs",
        cat("measured: libtorch AdamW (fsdp-train's options) after averaging and clipping, ",
