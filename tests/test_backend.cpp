@@ -16,7 +16,8 @@
 #include <string>
 
 #include "fsdp/error.h"
-#include "runtime_internal.h"
+#include "comm/backend_internal.h"
+#include "runtime/runtime_internal.h"
 #include "testing.h"
 
 using namespace fsdp;

@@ -15,7 +15,7 @@
 #include <zlib.h>
 
 #include "checkpoint/crc32c.h"
-#include "compat.h"
+#include "base/compat.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "models.h"
@@ -336,33 +336,6 @@ TEST(Checkpoint, SgdMomentumRngLatestAndPrune) {
 
 // ---------------------------------------------------------------------------------------------
 // Bad input: one clear error, on every rank, nothing changed.
-
-// Runs `fn` on W ranks; every rank must throw fsdp::Error containing `expected`.
-void expect_every_rank_fails(int64_t W, const std::function<void(Runtime&)>& fn,
-                             const std::string& expected) {
-  std::atomic<int> failed{0};
-  std::mutex mu;
-  std::vector<std::string> messages;
-  try {
-    run_ranks(W, [&](Runtime& rt) {
-      try {
-        fn(rt);
-      } catch (const fsdp::Error& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        messages.push_back(e.what());
-        ++failed;
-        return;
-      }
-    });
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "a rank failed outside fsdp::Error: " << e.what();
-  }
-  EXPECT_EQ(failed, W) << "expected every rank to fail with: " << expected;
-  for (const auto& m : messages) {
-    EXPECT_NE(m.find(expected), std::string::npos) << "message: " << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << "not one line: " << m;
-  }
-}
 
 class BadCheckpoint : public ::testing::Test {
  protected:

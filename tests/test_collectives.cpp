@@ -6,7 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "collective_check.h"
+#include "comm/collective_check.h"
 #include "fsdp/error.h"
 #include "testing.h"
 

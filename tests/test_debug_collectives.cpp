@@ -17,7 +17,6 @@ namespace {
 
 const std::string kRun = tool_dir() + "/fsdp-run";
 const std::string kWorker = binary_dir() + "/fsdp_desync_worker";
-const std::string kTrain = tool_dir() + "/fsdp-train";
 
 ProcessResult desync(const std::string& mode) {
   // --output-hold 0: each rank's line as it printed it (no merging), so both can be counted.

@@ -271,8 +271,7 @@ TEST(DeferredInitMemory, NeverHoldsMoreThanOneUnitPlusShards) {
 // Runs `build` under DeferredInit on 2 ranks and expects fsdp::shard to throw `expected` on both.
 void expect_shard_error(const std::function<std::shared_ptr<NetImpl>()>& build,
                         const std::string& expected, const FSDPStrategy& strategy = FSDPStrategy()) {
-  std::atomic<int> errors{0};
-  run_ranks(2, [&](Runtime& rt) {
+  expect_every_rank_fails(2, [&](Runtime& rt) {
     DeferredInit init(strategy, borrow(rt));
     std::shared_ptr<NetImpl> net;
     {
@@ -280,17 +279,8 @@ void expect_shard_error(const std::function<std::shared_ptr<NetImpl>()>& build,
       torch::manual_seed(3);
       net = build();
     }
-    try {
-      shard(net, init);
-      ADD_FAILURE() << "rank " << rt.rank() << ": no error; expected '" << expected << "'";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(expected), std::string::npos) << "rank " << rt.rank() << ": " << what;
-      EXPECT_EQ(what.find('\n'), std::string::npos) << "not one line: " << what;
-      ++errors;
-    }
-  });
-  EXPECT_EQ(errors.load(), 2);
+    shard(net, init);
+  }, expected);
 }
 
 TEST(DeferredInitErrors, ParentReinitialisesAUnitInPlace) {

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <set>
 
-#include "engine.h"
+#include "engine/engine.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/report.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "c10d_group.h"
-#include "compat.h"
+#include "comm/c10d_group.h"
+#include "base/compat.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/sharded.h"

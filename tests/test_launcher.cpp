@@ -24,7 +24,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
-#include "rank_output.h"
+#include "launch/rank_output.h"
 #include "testing.h"
 
 using namespace fsdp::testing;
@@ -584,7 +584,7 @@ TEST(Launcher, TrainRestartResumesWithIdenticalLosses) {
   std::filesystem::remove_all(dir);
 }
 
-// NOTE [rank output] in src/rank_output.h: a line every rank writes reaches the user once, naming the
+// NOTE [rank output] in src/launch/rank_output.h: a line every rank writes reaches the user once, naming the
 // ranks; a line that names its rank matches the others' and names them all; lines that differ,
 // and each rank's order, are kept.
 TEST(Launcher, IdenticalLinesOfRanksArriveOnce) {

@@ -7,7 +7,7 @@
 
 #include <thread>
 
-#include "compat.h"
+#include "base/compat.h"
 #include "testing.h"
 
 using namespace fsdp::testing;

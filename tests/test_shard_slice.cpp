@@ -1,7 +1,7 @@
-// test_shard_slice: the parameter-in-shard overlap (src/shard_slice.h) at its edges.
+// test_shard_slice: the parameter-in-shard overlap (src/base/shard_slice.h) at its edges.
 #include <gtest/gtest.h>
 
-#include "shard_slice.h"
+#include "base/shard_slice.h"
 
 using fsdp::detail::shard_slice;
 

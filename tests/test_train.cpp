@@ -30,9 +30,7 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kTrain = tool_dir() + "/fsdp-train";
 const std::string kPlot = tool_dir() + "/fsdp-plot";
-
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -50,15 +48,6 @@ std::vector<std::string> lines_of(const std::string& path) {
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
-}
-
-std::vector<std::string> train_args(std::vector<std::string> extra) {
-  // tiny model, 6 steps: a few seconds with 4 ranks on 2 cores.
-  std::vector<std::string> argv{
-      kTrain,         "--model=tiny", "--steps=6",        "--global-batch=8",
-      "--seq-len=32", "--lr=3e-3",    "--warmup-steps=2", "--seed=7"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
 }
 
 // Checks one --metrics file line by line and returns its losses.
@@ -134,7 +123,7 @@ TEST(Train, SameLossesOnEveryMeshAndStrategy) {
   };
   std::vector<std::vector<double>> losses;
   for (const auto& run_ : runs) {
-    auto argv = train_args(run_.flags);
+    auto argv = train_args({"--steps=6"}, run_.flags);
     argv.insert(argv.end(), {"--metrics", dir.file(run_.name + ".jsonl")});
     auto r = run(argv, {}, 60s);
     ASSERT_FALSE(r.timed_out) << run_.name << "\n" << r.output;
@@ -183,7 +172,7 @@ TEST(Train, Bf16ShardGradOpWithDataFile) {
   std::string text;
   for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   write_file(dir.file("fox.txt"), text);
-  auto argv = train_args({"--devices", "2", "--strategy", "shard-grad-op", "--precision",
+  auto argv = train_args({"--steps=6"}, {"--devices", "2", "--strategy", "shard-grad-op", "--precision",
                           "bf16-mixed", "--prefetch", "off", "--clip-grad", "0", "--grad-accum",
                           "2", "--grad-sync", "local", "--data", dir.file("fox.txt"), "--quiet",
                           "--metrics", dir.file("m.jsonl")});
@@ -209,7 +198,7 @@ TEST(Train, KilledRankGivesTheOthersAnErrorNotACrash) {
     const std::string port = std::to_string(free_port());
     std::vector<std::unique_ptr<Process>> ranks;
     for (int r = 0; r < 4; ++r) {
-      auto argv = train_args({"--mesh", "2,2", "--strategy", "hybrid_shard", "--steps", "100000",
+      auto argv = train_args({"--steps=6"}, {"--mesh", "2,2", "--strategy", "hybrid_shard", "--steps", "100000",
                               "--timeout", "20", "--quiet", "--metrics", dir.file("m.jsonl")});
       ranks.push_back(std::make_unique<Process>(
           argv, std::map<std::string, std::string>{{"RANK", std::to_string(r)},
@@ -244,7 +233,7 @@ TEST(Train, KilledRankGivesTheOthersAnErrorNotACrash) {
 TEST(Plot, FsdpTrainAndFsdpPlotDrawPngs) {
   if (!have_gnuplot()) GTEST_SKIP() << "gnuplot is not installed (make setup installs gnuplot-nox)";
   TempDir dir;
-  auto r = run(train_args({"--steps", "3", "--quiet", "--plot", dir.file("loss.png")}), {}, 60s);
+  auto r = run(train_args({"--steps=6"}, {"--steps", "3", "--quiet", "--plot", dir.file("loss.png")}), {}, 60s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(is_png(dir.file("loss.png"))) << r.output;
   // Several runs in one picture, named by file; a quote in a name must not break the script.
@@ -314,7 +303,7 @@ TEST(Train, DryRunJsonDescribesTheMesh) {
 TEST(Train, FreezeKeepsThoseParametersOutOfTraining) {
   TempDir dir;
   const std::vector<std::string> freeze{"--freeze", "tok_emb.*", "--freeze", "block0.*"};
-  auto dry = train_args({"--devices", "2", "--dry-run"});
+  auto dry = train_args({"--steps=6"}, {"--devices", "2", "--dry-run"});
   dry.insert(dry.end(), freeze.begin(), freeze.end());
   auto d = run(dry, {}, 30s);
   ASSERT_EQ(d.exit_code(), 0) << d.output;
@@ -322,7 +311,7 @@ TEST(Train, FreezeKeepsThoseParametersOutOfTraining) {
   EXPECT_NE(d.output.find("block0                      "), std::string::npos) << d.output;
   std::map<bool, json> last;
   for (bool frozen : {false, true}) {
-    auto argv = train_args({"--devices", "2", "--quiet", "--metrics", dir.file("m.jsonl")});
+    auto argv = train_args({"--steps=6"}, {"--devices", "2", "--quiet", "--metrics", dir.file("m.jsonl")});
     if (frozen) argv.insert(argv.end(), freeze.begin(), freeze.end());
     auto r = run(argv, {}, 60s);
     ASSERT_EQ(r.exit_code(), 0) << r.output;
@@ -351,7 +340,7 @@ TEST(Train, DeferredAndEagerInitTrainAlikeAndInitFromLoadsWeights) {
   std::map<std::string, std::vector<double>> losses;
   for (const std::string init : {"deferred", "eager"}) {
     const std::string m = dir.file(init + ".jsonl");
-    auto argv = train_args({"--devices", "4", "--quiet", "--init", init, "--metrics", m,
+    auto argv = train_args({"--steps=6"}, {"--devices", "4", "--quiet", "--init", init, "--metrics", m,
                             "--export-full", dir.file(init + ".safetensors"), "--checkpoint-dir",
                             dir.file("ckpt-" + init), "--freeze", "block1.ln1.*"});
     auto r = run(argv, {}, 90s);
@@ -363,7 +352,7 @@ TEST(Train, DeferredAndEagerInitTrainAlikeAndInitFromLoadsWeights) {
   // Weights exported from a (4) FULL_SHARD run start a (2, 2) HYBRID run: its first loss is the
   // trained model's, far below a fresh model's.
   for (const std::string from : {dir.file("deferred.safetensors"), dir.file("ckpt-deferred/step-00000006")}) {
-    auto argv = train_args({"--devices", "4", "--quiet", "--strategy", "hybrid_shard", "--mesh",
+    auto argv = train_args({"--steps=6"}, {"--devices", "4", "--quiet", "--strategy", "hybrid_shard", "--mesh",
                             "2,2", "--init-from", from, "--metrics", dir.file("from.jsonl"),
                             "--steps", "1"});
     auto r = run(argv, {}, 90s);
@@ -372,11 +361,11 @@ TEST(Train, DeferredAndEagerInitTrainAlikeAndInitFromLoadsWeights) {
     const double first = check_metrics(dir.file("from.jsonl"), 1, from).at(0);
     EXPECT_LT(first, losses["deferred"].front() - 0.1) << from << ": the weights did not load";
   }
-  auto bad = run(train_args({"--init-from", dir.path()}), {}, 30s);
+  auto bad = run(train_args({"--steps=6"}, {"--init-from", dir.path()}), {}, 30s);
   EXPECT_EQ(bad.exit_code(), 2) << bad.output;
   EXPECT_NE(bad.output.find("is a directory without a readable meta.json"), std::string::npos)
       << bad.output;
-  bad = run(train_args({"--init", "lazy"}), {}, 30s);
+  bad = run(train_args({"--steps=6"}, {"--init", "lazy"}), {}, 30s);
   EXPECT_EQ(bad.exit_code(), 2) << bad.output;
   EXPECT_NE(bad.output.find("--init 'lazy' is unknown; use deferred or eager"), std::string::npos)
       << bad.output;
@@ -394,7 +383,7 @@ TEST(Train, MemoryAccountAddsUp) {
        {std::vector<std::string>{"--strategy", "full_shard"},
         std::vector<std::string>{"--strategy", "hybrid_shard", "--mesh", "2,2"},
         std::vector<std::string>{"--strategy", "no_shard"}}) {
-    auto argv = train_args({"--devices", "4", "--quiet", "--model", "small", "--steps", "3",
+    auto argv = train_args({"--steps=6"}, {"--devices", "4", "--quiet", "--model", "small", "--steps", "3",
                             "--global-batch", "8", "--seq-len", "64"});
     argv.insert(argv.end(), s.begin(), s.end());
     auto r = run(argv, {}, 120s);

@@ -25,15 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTrain = tool_dir() + "/fsdp-train";
-
-
-std::vector<std::string> args(std::vector<std::string> extra) {
-  std::vector<std::string> argv{kTrain,         "--model=tiny", "--steps=6",        "--global-batch=8",
-                                "--seq-len=32", "--lr=3e-3",    "--warmup-steps=2", "--seed=7",
-                                "--quiet"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+std::vector<std::string> args(const std::vector<std::string>& extra) {
+  return train_args({"--steps=6", "--quiet"}, extra);
 }
 
 ProcessResult train(const std::vector<std::string>& extra) {

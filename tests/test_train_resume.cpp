@@ -25,14 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTrain = tool_dir() + "/fsdp-train";
-
-std::vector<std::string> args(std::vector<std::string> extra) {
-  std::vector<std::string> argv{kTrain,         "--model=tiny", "--global-batch=8", "--seq-len=32",
-                                "--lr=3e-3",    "--warmup-steps=2", "--seed=7", "--quiet",
-                                "--devices=2"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+std::vector<std::string> args(const std::vector<std::string>& extra) {
+  return train_args({"--quiet", "--devices=2"}, extra);
 }
 
 // Two checkpoints, steps 2 and 4, made once: every test damages its own copy.

@@ -25,7 +25,6 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kTrain = tool_dir() + "/fsdp-train";
 const std::string kReference = std::string(FSDP_SOURCE_DIR) + "/tests/python/gpt2_reference.py";
 
 // Tokens with structure a model can learn (a repeated phrase of ids spread over GPT-2's

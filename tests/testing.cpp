@@ -15,6 +15,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +29,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime_internal.h"
+#include "fsdp/error.h"
+#include "runtime/runtime_internal.h"
 
 extern char** environ;
 
@@ -316,6 +318,42 @@ std::map<int64_t, double> metrics_losses(const std::string& file) {
     out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
   }
   return out;
+}
+
+std::vector<std::string> train_args(const std::vector<std::string>& flags,
+                                    const std::vector<std::string>& extra) {
+  std::vector<std::string> argv{kTrain,      "--model=tiny",     "--global-batch=8", "--seq-len=32",
+                                "--lr=3e-3", "--warmup-steps=2", "--seed=7"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+void expect_every_rank_fails(int64_t world, const std::function<void(Runtime&)>& fn,
+                             const std::string& expected) {
+  std::atomic<int64_t> failed{0};
+  std::mutex mu;
+  std::vector<std::string> messages;
+  try {
+    run_ranks(world, [&](Runtime& rt) {
+      try {
+        fn(rt);
+      } catch (const fsdp::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        messages.push_back(e.what());
+        ++failed;
+        return;
+      }
+      ADD_FAILURE() << "rank " << rt.rank() << ": no error; expected '" << expected << "'";
+    });
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "a rank failed outside fsdp::Error: " << e.what();
+  }
+  EXPECT_EQ(failed.load(), world) << "expected every rank to fail with: " << expected;
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find(expected), std::string::npos) << "message: " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "not one line: " << m;
+  }
 }
 
 }  // namespace fsdp::testing

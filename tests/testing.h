@@ -11,7 +11,7 @@
 #include "fsdp/collectives.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
-#include "sanitizer.h"
+#include "base/sanitizer.h"
 
 namespace fsdp::testing {
 
@@ -108,12 +108,26 @@ std::map<int64_t, double> metrics_losses(const std::string& file);
 // check by it, so that what they compare (one timeout, not two) stays the same at sanitizer speed.
 double time_scale();
 
-// Whether this build runs under ASan or TSan (src/sanitizer.h): their allocators replace glibc's,
+// Whether this build runs under ASan or TSan (src/base/sanitizer.h): their allocators replace glibc's,
 // so mallinfo2 does not see the heap and mallopt does not steer it.
 inline constexpr bool kSanitized = fsdp::detail::kSanitizerAllocator;
 
 // Directory of the test binaries (where fsdp_test_worker lives) and of the built tools.
 std::string binary_dir();
 std::string tool_dir();
+
+// The fsdp-train under test.
+inline const std::string kTrain = tool_dir() + "/fsdp-train";
+
+// An fsdp-train command line for the tests' small deterministic run (the tiny model, 8 sequences
+// of 32 tokens, lr 3e-3, 2 warm-up steps, seed 7), then `flags`, then `extra`: a flag given
+// twice takes its last value, so both may override the defaults.
+std::vector<std::string> train_args(const std::vector<std::string>& flags,
+                                    const std::vector<std::string>& extra = {});
+
+// Runs `fn` on `world` ranks (run_ranks); every rank must throw fsdp::Error whose message is one
+// line containing `expected`. A rank that returns, or throws anything else, fails the test.
+void expect_every_rank_fails(int64_t world, const std::function<void(Runtime&)>& fn,
+                             const std::string& expected);
 
 }  // namespace fsdp::testing

@@ -8,11 +8,11 @@
 // kept per runtime, because the libraries underneath have one per process:
 //   1. the size of libtorch's and OpenBLAS's intra-op thread pools (set_threads);
 //   2. glibc malloc's mmap and trim thresholds (set_heap_policy, NOTE [CPU heap] in
-//      src/process_setup.cpp);
+//      src/runtime/process_setup.cpp);
 //   3. glog's minimum level, raised to FATAL-only while a rank connects to the rendezvous store
 //      and restored when the last rank of the process has connected (NOTE [quiet glog] in
-//      src/process_setup.cpp). Scoped, never lasting: nothing to configure.
-// All three live in src/process_setup.cpp and nowhere else. configure_process() owns 1 and 2:
+//      src/runtime/process_setup.cpp). Scoped, never lasting: nothing to configure.
+// All three live in src/runtime/process_setup.cpp and nowhere else. configure_process() owns 1 and 2:
 // Runtime::init calls it once per runtime, with the runtime's threads and heap policy (the
 // last call's settings stay in effect; calls from several threads are serialised, and calling
 // it again with the same settings changes nothing). Runtime::init also makes the rank's GPU the
@@ -25,7 +25,7 @@
 namespace fsdp {
 
 // What glibc's malloc does with memory a training step frees (NOTE [CPU heap] in
-// src/process_setup.cpp).
+// src/runtime/process_setup.cpp).
 enum class HeapPolicy {
   // Keep freed memory for the next step: every buffer comes from the heap (none gets a mapping
   // of its own), and up to 1 GiB of free heap is kept rather than returned to the system

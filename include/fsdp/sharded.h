@@ -93,7 +93,7 @@ struct MemoryStats {
   int64_t replica_param_bytes = 0;    // one unsharded fp32 replica of the parameters, for scale
   // The engine's large CPU buffers (gathered flats, unsharded gradients) live in mappings of
   // their own, reused step to step, outside malloc (NOTE [buffer pool] in
-  // src/buffer_pool.h): mapped now (in use or kept for the next step), and the peak since
+  // src/engine/buffer_pool.h): mapped now (in use or kept for the next step), and the peak since
   // reset_peak(). 0 on CUDA.
   int64_t pool_mapped_bytes = 0;
   int64_t pool_peak_bytes = 0;

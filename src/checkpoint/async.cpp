@@ -14,10 +14,12 @@
 #include "checkpoint/save_phases.h"
 #include "fsdp/memory.h"
 #include "fsdp/runtime.h"
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 namespace fsdp {
 
+using detail::capture;
+using detail::Chunk;
 using detail::chunk_bytes;
 using detail::chunk_data;
 using detail::commit_save;
@@ -25,6 +27,7 @@ using detail::my_chunks;
 using detail::OptimizerKind;
 using detail::PendingSave;
 using detail::plan_save;
+using detail::seconds_since;
 using detail::world_sum;
 using detail::write_shard_image;
 

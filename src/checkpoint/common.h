@@ -1,6 +1,6 @@
 // checkpoint/common.h (internal): what every part of the checkpoint implementation shares: turning
-// an exception into a message, message helpers, the CPU generator's state, and the fsdp::detail
-// names the checkpoint files use (file I/O, meta.json, the engine).
+// an exception into a message, message helpers, mapped buffers and the generators' state; with
+// file I/O (file_io.h) and meta.json (meta.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,7 +22,6 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/meta.h"
-#include "engine.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 
@@ -60,40 +59,3 @@ at::Tensor rng_state(const at::Device& device, int64_t* cuda_bytes);
 bool set_rng_state(const at::Tensor& state, int64_t cuda_bytes, const at::Device& device);
 
 }  // namespace fsdp::detail
-
-namespace fsdp {
-
-using detail::cat;
-using detail::checked_numel;
-using detail::Chunk;
-using detail::crc32_of;
-using detail::dtype_from_name;
-using detail::dtype_name;
-using detail::Engine;
-using detail::errno_text;
-using detail::File;
-using detail::get_field;
-using detail::json;
-using detail::kCheckpointFormatName;
-using detail::kCheckpointFormatVersion;
-using detail::kMaxMetaBytes;
-using detail::Meta;
-using detail::parent_dir;
-using detail::read_meta;
-using detail::sync_dir;
-using detail::TensorEntry;
-using detail::FlatView;
-using detail::write_file_atomically;
-
-using detail::capture;
-using detail::checksum_key;
-using detail::checksum_name;
-using detail::format_checksum;
-using detail::join_problems;
-using detail::rng_state;
-using detail::seconds_since;
-using detail::set_rng_state;
-using detail::shape_text;
-namespace fs = std::filesystem;
-
-}  // namespace fsdp

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace fsdp::detail {
 

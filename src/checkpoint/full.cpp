@@ -59,7 +59,7 @@ using detail::rename_into_place;
 
 void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
                             const ExportOptions& options) {
-  Engine& e = *detail::engine_of(model);
+  detail::Engine& e = *detail::engine_of(model);
   Runtime& rt = *e.runtime();
   const std::string what = cat("exporting '", file, "'");
   const bool lead = rt.rank() == 0;
@@ -69,7 +69,7 @@ void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
   std::vector<FullEntry> entries;
   std::unique_ptr<FullWriter> writer;
   const std::string tmp = file + ".partial";
-  std::string err = capture([&] {
+  std::string err = detail::capture([&] {
     const FullFormat format = full_format(file);
     for (const auto& u : e.flat_views()) {
       if (options.trainable_only && !u.trainable) continue;
@@ -81,7 +81,7 @@ void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
     for (const auto& b : e.root_module().named_buffers()) {
       if (options.trainable_only) break;
       entries.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
-      (void)dtype_name(b.value().scalar_type());
+      (void)detail::dtype_name(b.value().scalar_type());
     }
     if (lead) writer = make_writer(tmp, format, entries);
   });
@@ -95,7 +95,7 @@ void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
       at::Tensor full = at::empty({u.padded}, u.param.options().requires_grad(false));
       e.shard_group()->all_gather(full, u.param.detach())->wait();
       if (!lead || !err.empty()) continue;
-      err = capture([&] {
+      err = detail::capture([&] {
         at::Tensor cpu = full.cpu();
         for (const auto& s : u.params) {
           at::Tensor v = cpu.narrow(0, s.offset, s.numel).contiguous();
@@ -105,7 +105,7 @@ void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
     }
   }
   if (lead && err.empty()) {
-    err = capture([&] {
+    err = detail::capture([&] {
       for (const auto& b : e.root_module().named_buffers()) {
         if (!options.trainable_only) writer->write(b.value().detach().cpu().contiguous());
       }
@@ -119,11 +119,11 @@ void export_full_checkpoint(ShardedModuleBase& model, const std::string& file,
 }
 
 void import_full_checkpoint(ShardedModuleBase& model, const std::string& file) {
-  Engine& e = *detail::engine_of(model);
+  detail::Engine& e = *detail::engine_of(model);
   Runtime& rt = *e.runtime();
   std::vector<at::Tensor> shards;
   std::vector<std::pair<std::string, at::Tensor>> buffers;
-  std::string err = capture([&] {
+  std::string err = detail::capture([&] {
     FSDP_CHECK(!e.built_deferred() || full_format(file) != FullFormat::kPt, "importing '", file,
                "': a .pt file is read whole on every rank, but this model was built under "
                "fsdp::DeferredInit so that no rank holds it whole; convert it to .safetensors "
@@ -160,7 +160,7 @@ void save_full_checkpoint(torch::nn::Module& module, const std::string& file) {
     entries.push_back({b.key(), b.value().scalar_type(), b.value().sizes().vec()});
     values.push_back(b.value());
   }
-  for (const auto& en : entries) (void)dtype_name(en.dtype);
+  for (const auto& en : entries) (void)detail::dtype_name(en.dtype);
   const std::string tmp = file + ".partial";
   try {
     auto writer = make_writer(tmp, format, entries);

@@ -1,7 +1,7 @@
 // Where a sharded model's tensors go in a checkpoint, and rebuilding shards from saved chunks (see
 // checkpoint/layout.h).
 #include "checkpoint/layout.h"
-#include "shard_slice.h"
+#include "base/shard_slice.h"
 
 namespace fsdp::detail {
 

@@ -11,6 +11,7 @@
 
 #include "checkpoint/common.h"
 #include "checkpoint/optimizer_state.h"
+#include "engine/engine.h"
 
 namespace fsdp::detail {
 

@@ -1,7 +1,7 @@
 // The optimizer state of checkpoints, per torch::optim type (see checkpoint/optimizer_state.h).
 #include "checkpoint/optimizer_state.h"
 
-#include "compat.h"
+#include "base/compat.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {

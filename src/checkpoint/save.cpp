@@ -8,6 +8,8 @@
 
 namespace fsdp::detail {
 
+namespace fs = std::filesystem;
+
 // 1a. Local: validate, then the layout, this rank's role and its RNG state.
 PendingSave plan_save(const std::string& path, ShardedModuleBase& model,
                       const torch::optim::Optimizer* optimizer, const TrainingState& state,
@@ -305,7 +307,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   FSDP_CHECK(step >= 0, "checkpoint step ", step, " is negative");
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
-  return (fs::path(dir) / name).string();
+  return (std::filesystem::path(dir) / name).string();
 }
 
 CheckpointInfo save_checkpoint(const std::string& path, ShardedModuleBase& model,

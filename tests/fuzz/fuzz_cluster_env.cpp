@@ -13,7 +13,7 @@
 #include "fuzz_common.h"
 
 namespace {
-const char* const kVars[] = {  // every variable src/cluster.cpp reads
+const char* const kVars[] = {  // every variable src/launch/cluster.cpp reads
     "FSDP_LAUNCHER", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE", "OMP_NUM_THREADS", "RANK", "SLURM_CPUS_PER_TASK", "SLURM_JOB_ID",

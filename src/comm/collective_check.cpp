@@ -1,6 +1,6 @@
 // NOTE [collective check]: a group's numbered collectives compared across its members through
 // the rendezvous store before they run (see collective_check.h, fsdp/collectives.h).
-#include "collective_check.h"
+#include "comm/collective_check.h"
 
 #include "fsdp/error.h"
 

@@ -41,9 +41,9 @@
 #include <string>
 #include <vector>
 
-#include "buffer_pool.h"
-#include "device_streams.h"
-#include "flat_view.h"
+#include "engine/buffer_pool.h"
+#include "engine/device_streams.h"
+#include "engine/flat_view.h"
 #include "fsdp/sharded.h"
 
 namespace fsdp::detail {
@@ -60,11 +60,6 @@ class MemoryTracker {
  private:
   std::atomic<int64_t> now_{0}, peak_{0};
 };
-
-// The runtime fsdp::shard and DeferredInit use: `runtime`, checked against the strategy's
-// backend, or a new one from the environment (Runtime::init) with the strategy's runtime
-// options (FSDPStrategy::runtime).
-std::shared_ptr<Runtime> runtime_for(const FSDPStrategy& strategy, std::shared_ptr<Runtime> runtime);
 
 // "(root)" for the root unit's empty path.
 std::string display(const std::string& unit_name);

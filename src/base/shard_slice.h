@@ -25,6 +25,10 @@ struct ShardSlice {
   int64_t in_param_end() const { return hi - param_offset; }
 };
 
+// Elements per rank when `numel` elements are sharded over `shards` ranks: ceil(numel / shards),
+// the last rank's part padded (fsdp::UnitInfo::shard_numel).
+inline int64_t shard_numel_of(int64_t numel, int64_t shards) { return (numel + shards - 1) / shards; }
+
 // The part of the parameter [param_offset, param_offset + param_numel) that lies in the shard
 // [shard_begin, shard_begin + shard_numel). Both ranges are half-open; any may be empty.
 inline ShardSlice shard_slice(int64_t shard_begin, int64_t shard_numel, int64_t param_offset,

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "fsdp/error.h"
-#include "tcp_port.h"
+#include "launch/tcp_port.h"
 
 namespace fsdp {
 

@@ -10,6 +10,8 @@
 #include <set>
 
 #include "fsdp/error.h"
+#include "fsdp/runtime.h"
+#include "runtime/strategy_internal.h"
 #include "fsdp/parse_enum.h"
 
 namespace fsdp {
@@ -231,5 +233,16 @@ ShardingPlan plan_sharding(const FSDPStrategy& s, int64_t world_size, int64_t lo
   }
   return plan;
 }
+
+namespace detail {
+std::shared_ptr<Runtime> runtime_for(const FSDPStrategy& strategy,
+                                     std::shared_ptr<Runtime> runtime) {
+  if (!runtime) return Runtime::init(strategy.runtime());
+  FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
+             "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
+             to_string(runtime->backend()), "; set one of them");
+  return runtime;
+}
+}  // namespace detail
 
 }  // namespace fsdp

@@ -27,8 +27,8 @@
 #include "fsdp/error.h"
 
 #include "fsdp/error.h"
-#include "rank_output.h"
-#include "tcp_port.h"
+#include "launch/rank_output.h"
+#include "launch/tcp_port.h"
 
 namespace fsdp {
 

@@ -1,5 +1,5 @@
 // The supervisor's view of its ranks' stderr: lines every rank writes are shown once, naming the
-// ranks (NOTE [rank output]). Internal to the launcher (src/supervisor.cpp); self-contained, so
+// ranks (NOTE [rank output]). Internal to the launcher (src/launch/supervisor.cpp); self-contained, so
 // that it can be read and tested on its own.
 #pragma once
 
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "fsdp/error.h"
-#include "unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace fsdp::detail {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "compat.h"
+#include "base/compat.h"
 #include "fsdp/collectives.h"
 
 namespace fsdp::detail {

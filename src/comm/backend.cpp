@@ -1,5 +1,5 @@
 // The collective backend: its names, and the rules that resolve kAuto and refuse NCCL where it
-// cannot run (fsdp/backend.h, src/runtime_internal.h).
+// cannot run (fsdp/backend.h, comm/backend_internal.h).
 #include "fsdp/backend.h"
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/parse_enum.h"
-#include "runtime_internal.h"
+#include "comm/backend_internal.h"
 
 namespace fsdp {
 

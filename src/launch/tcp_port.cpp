@@ -1,5 +1,5 @@
 // Probing a TCP port (see tcp_port.h).
-#include "tcp_port.h"
+#include "launch/tcp_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 
-#include "unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace fsdp::detail {
 

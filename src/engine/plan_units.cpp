@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
+#include "engine/engine.h"
 #include "fsdp/error.h"
 #include "fsdp/sharded.h"
 

@@ -1,6 +1,6 @@
 // The sharding engine's optimizer- and state-facing calls: parameters, state dicts, gradient
 // clipping, summoning full parameters, memory and communication statistics (see engine.h).
-#include "engine.h"
+#include "engine/engine.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -14,9 +14,8 @@
 #include <map>
 #include <sstream>
 
-#include "deferred_init_internal.h"
 #include "fsdp/error.h"
-#include "shard_slice.h"
+#include "base/shard_slice.h"
 
 namespace fsdp {
 namespace detail {

@@ -1,5 +1,5 @@
 // The engine's pool of large CPU buffers (NOTE [buffer pool] in buffer_pool.h).
-#include "buffer_pool.h"
+#include "engine/buffer_pool.h"
 
 #include <sys/mman.h>
 

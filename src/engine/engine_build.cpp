@@ -1,6 +1,6 @@
 // The sharding engine's construction: planning the units, flattening and sharding their
 // parameters (or building them straight into shards), installing the hooks (see engine.h).
-#include "engine.h"
+#include "engine/engine.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -14,7 +14,7 @@
 #include <map>
 #include <sstream>
 
-#include "deferred_init_internal.h"
+#include "engine/deferred_init_internal.h"
 #include "fsdp/error.h"
 
 namespace fsdp {

@@ -2,7 +2,7 @@
 // and all-gather fallbacks for backends without flat collectives (Gloo in libtorch 1.13,
 // docs/platform.md): rings over send/recv, which move (S-1)/S of the buffer per rank like the
 // native ones. NCCL: NCCL's own collectives, issued at once (NOTE [NCCL groups]).
-#include "c10d_group.h"
+#include "comm/c10d_group.h"
 
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "collective_check.h"
+#include "comm/collective_check.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {

@@ -13,7 +13,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/parse_enum.h"
-#include "process_setup.h"
+#include "runtime/process_setup.h"
 
 namespace fsdp {
 
@@ -31,7 +31,7 @@ namespace fsdp {
 // its own mapping, returned to the kernel when freed, and a small trim threshold returns the
 // heap top: the heap then holds little freed memory (no fragmentation by large blocks), at the
 // cost of faulting large activations in again each step. The engine's own large buffers are
-// pooled either way (NOTE [buffer pool] in src/buffer_pool.h).
+// pooled either way (NOTE [buffer pool] in src/engine/buffer_pool.h).
 const char* to_string(HeapPolicy p) {
   switch (p) {
     case HeapPolicy::kRetain: return "retain";

@@ -1,19 +1,10 @@
-// fsdp::ShardedModuleBase's methods, forwarding to the engine, and the runtime a strategy gets
-// (see fsdp/sharded.h).
-#include "engine.h"
+// fsdp::ShardedModuleBase's methods, forwarding to the engine (see fsdp/sharded.h).
+#include "engine/engine.h"
+#include "runtime/strategy_internal.h"
 
 #include "fsdp/error.h"
 
 namespace fsdp {
-
-std::shared_ptr<Runtime> detail::runtime_for(const FSDPStrategy& strategy,
-                                             std::shared_ptr<Runtime> runtime) {
-  if (!runtime) return Runtime::init(strategy.runtime());
-  FSDP_CHECK(strategy.backend() == Backend::kAuto || strategy.backend() == runtime->backend(),
-             "strategy backend ", to_string(strategy.backend()), " differs from the runtime's ",
-             to_string(runtime->backend()), "; set one of them");
-  return runtime;
-}
 
 ShardedModuleBase::ShardedModuleBase(std::shared_ptr<torch::nn::Module> module,
                                      const FSDPStrategy& strategy,

@@ -17,14 +17,15 @@
 #include <exception>
 #include <mutex>
 
-#include "addr_info.h"
-#include "c10d_group.h"
-#include "compat.h"
-#include "fsdp/error.h"
+#include "base/addr_info.h"
+#include "base/compat.h"
+#include "base/unique_fd.h"
+#include "comm/backend_internal.h"
+#include "comm/c10d_group.h"
 #include "fsdp/cluster.h"
-#include "rendezvous.h"
-#include "runtime_internal.h"
-#include "unique_fd.h"
+#include "fsdp/error.h"
+#include "runtime/rendezvous.h"
+#include "runtime/runtime_internal.h"
 
 #if defined(FSDP_WITH_CUDA)
 #include <torch/cuda.h>

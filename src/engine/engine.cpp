@@ -1,7 +1,7 @@
 // The sharding engine: storage, the forward and backward hooks, gathering and reducing (see
 // engine.h and fsdp/sharded.h). Construction is in engine_build.cpp, the optimizer- and
 // state-facing calls in engine_state.cpp.
-#include "engine.h"
+#include "engine/engine.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -15,7 +15,6 @@
 #include <map>
 #include <sstream>
 
-#include "deferred_init_internal.h"
 #include "fsdp/error.h"
 
 namespace fsdp {

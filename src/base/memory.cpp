@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "sanitizer.h"
+#include "base/sanitizer.h"
 
 namespace fsdp {
 

@@ -1,6 +1,6 @@
 // How the ranks of a job meet: the rendezvous store, the join and exit barriers, and the
 // store-only agreements (see rendezvous.h). Runtime (runtime.cpp) builds its groups on top.
-#include "rendezvous.h"
+#include "runtime/rendezvous.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
-#include "addr_info.h"
-#include "compat.h"
+#include "base/addr_info.h"
+#include "base/compat.h"
 #include "fsdp/error.h"
-#include "process_setup.h"
-#include "unique_fd.h"
+#include "runtime/process_setup.h"
+#include "base/unique_fd.h"
 
 namespace fsdp::detail {
 

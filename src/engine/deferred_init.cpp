@@ -14,8 +14,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "deferred_init_internal.h"
-#include "engine.h"
+#include "base/shard_slice.h"
+#include "engine/deferred_init_internal.h"
+#include "runtime/strategy_internal.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
@@ -222,17 +223,17 @@ int64_t slice_shards(DeferredUnit& unit, const DeferredInit::State& ctx) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(ctx.runtime->device());
   int64_t shard_bytes = 0;
   for (auto& flat : unit.flats) {
-    const int64_t shard_numel = (flat.numel + S - 1) / S;
-    const int64_t begin = ctx.shard_rank * shard_numel, end = begin + shard_numel;
+    const int64_t shard_numel = shard_numel_of(flat.numel, S);
+    const int64_t begin = ctx.shard_rank * shard_numel;
     flat.shard = at::zeros({shard_numel}, f32);
     shard_bytes += shard_numel * 4;
     uint64_t h = 0;
     for (const auto& dp : flat.params) {
       at::Tensor src = dp.param.detach().contiguous().view({-1});
       h = checksum_bytes(src.data_ptr(), static_cast<size_t>(dp.numel) * 4, h);
-      const int64_t lo = std::max(begin, dp.offset), hi = std::min(end, dp.offset + dp.numel);
-      if (lo < hi) {
-        flat.shard.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - dp.offset, hi - lo));
+      const auto sl = shard_slice(begin, shard_numel, dp.offset, dp.numel);
+      if (!sl.empty()) {
+        flat.shard.narrow(0, sl.in_shard(), sl.numel()).copy_(src.narrow(0, sl.in_param(), sl.numel()));
       }
     }
     flat.checksum = h;

@@ -1,5 +1,5 @@
 // Writing the supervisor's lines (see rank_output.h; RankOutput itself is defined there).
-#include "rank_output.h"
+#include "launch/rank_output.h"
 
 #include <iostream>
 
