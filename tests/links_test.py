@@ -88,7 +88,9 @@ def main():
                     external += 1
                     continue
                 path, _, anchor = target.partition("#")
-                where = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+                where = page
+                if path:
+                    where = os.path.normpath(os.path.join(os.path.dirname(page), path))
                 problem = None
                 if not (where == src or where.startswith(src + os.sep)):
                     problem = "leaves the repository"
@@ -98,7 +100,8 @@ def main():
                     if where not in cache:
                         cache[where] = anchors(where)
                     if anchor not in cache[where]:
-                        problem = f"{os.path.relpath(where, src)} has no heading with the anchor #{anchor}"
+                        problem = (f"{os.path.relpath(where, src)} has no heading with the "
+                                   f"anchor #{anchor}")
                 if problem:
                     broken += 1
                     print(f"FAIL {rel_page}:{number}: ({target}): {problem}")

@@ -119,7 +119,8 @@ if [ "$mode" = cpp ]; then
       status=1
     fi
   done
-  echo "docs cpp: $count blocks compiled, $skipped fragments skipped (README.md and $((npages - 1)) pages of docs/)"
+  echo "docs cpp: $count blocks compiled, $skipped fragments skipped" \
+    "(README.md and $((npages - 1)) pages of docs/)"
   exit $status
 fi
 
