@@ -26,9 +26,10 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(CTEST_JOBS)
 
-# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, built with Debian's clang (README
-# "Testing": options and suppressions, each with its reason). libtorch itself is not instrumented.
-# The tests that build programs against the installed package (example_find_package, the README
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, built with Debian's clang
+# (docs/testing.md, "Sanitizers": options and suppressions, each with its reason). libtorch
+# itself is not instrumented.
+# The tests that build programs against the installed package (example_find_package, the docs'
 # blocks and commands) get the same compiler and flags, or the instrumented libfsdp.a cannot link.
 # real_torchrun is left out: it builds and runs fsdp-train against libtorch 2.6 inside the chroot
 # with the chroot's gcc, so nothing it runs is instrumented.
@@ -76,6 +77,6 @@ libtorch2-chroot:
 
 # The CUDA/NCCL code compiled and the whole suite run against Debian 13's CUDA libtorch 2.6, no
 # GPU needed (root, a Debian mirror; the first run downloads ~2.9 GB into /opt/cuda-chroot): see
-# scripts/cuda-check.sh and README "Testing". Not part of `make test`.
+# scripts/cuda-check.sh and docs/testing.md. Not part of `make test`.
 cuda-check:
 	./scripts/cuda-check.sh all

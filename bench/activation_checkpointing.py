@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Activation checkpointing's memory and time (README "Performance"): fsdp-train without and with
+"""Activation checkpointing's memory and time (docs/performance.md): fsdp-train without and with
 --activation-checkpointing, in alternating rounds, printing per run the peak RSS of the largest
 rank after each step, the wall time per step and the CPU time per step of all ranks together
 (utime + stime from /proc/<pid>/stat, sampled every 0.2 s), steps 2.. only (step 1 also runs the

@@ -418,7 +418,7 @@ def fits(r, cap, strategy, layers, d_model, heads, world, steps, extra=(), timeo
                         ["--strategy", strategy, "--layers", str(layers), "--d-model", str(d_model),
                          "--heads", str(heads), "--timeout", "120",
                          # The lean setting for the largest model: glibc gives freed memory back
-                         # (the default, retain, keeps it for speed; README "The CPU heap").
+                         # (the default, retain, keeps it for speed; docs/performance.md).
                          "--heap", "lean"] +
                         (["--mesh", f"2,{world // 2}"] if strategy.startswith("hybrid") else []) +
                         list(extra))

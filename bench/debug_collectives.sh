@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What --debug-collectives costs (NOTE [collective check], README "Desynchronised ranks"):
+# What --debug-collectives costs (NOTE [collective check], docs/concepts.md "Desynchronised ranks"):
 # fsdp-train's median step time with and without it, in alternating runs (ROUNDS rounds of off,
 # on), for the tiny and the medium GPT on DEVICES ranks (FULL_SHARD). Prints one line per run and
 # the ratio of the medians per model; the first STEPS/4 steps of each run are left out (warm-up).

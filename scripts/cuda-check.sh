@@ -4,7 +4,7 @@
 # (libtorch-cuda-dev, with NCCL), libnccl-dev and the CUDA 12.4 toolkit; the project is built
 # there with CUDA and NCCL enabled and -Werror on our code, and the whole CPU test suite runs
 # against that libtorch with no GPU visible (backend auto must pick Gloo, and says why).
-# Run it before landing any change to the CUDA or NCCL code. README "Testing" has the figures.
+# Run it before landing any change to the CUDA or NCCL code. docs/testing.md has the figures.
 #
 # usage: scripts/cuda-check.sh [setup|build|test|all|run CMD..]   (default: all)
 #   setup      create or update the chroot (first time: ~2.9 GB download, ~8 GB installed)

@@ -1,4 +1,4 @@
-// What the job exposes on the network (README "Security"): the rendezvous store's listening
+// What the job exposes on the network (docs/security.md): the rendezvous store's listening
 // socket is bound to the master address where libtorch lets us (compat::kStoreBindsMasterAddr,
 // 2.2 and later), and on every interface where it does not (1.13). Read back from the kernel's
 // socket table, /proc/net/tcp and /proc/net/tcp6, while a real 2-rank job waits.
@@ -35,7 +35,7 @@ TEST(Security, RendezvousStoreListensOnTheMasterAddressOnly) {
                                     << ", not on the master address 127.0.0.2 only";
   } else {
     // libtorch 1.13: no way to choose the address; this documents (and would notice a change
-    // of) the limitation stated in README "Security".
+    // of) the limitation stated in docs/security.md.
     EXPECT_TRUE(addrs[0] == "00000000" || addrs[0] == std::string(32, '0')) << addrs[0];
   }
 }

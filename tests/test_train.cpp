@@ -262,7 +262,7 @@ TEST(Train, DryRunJsonDescribesTheMesh) {
   EXPECT_EQ(j["groups_crossing_nodes"], json::parse(R"({"shard": 0, "replicate": 0})"));
 
   // Several nodes: a dry run needs no --master-port (it starts nothing), and says in words
-  // which groups cross nodes. The README's multi-node command, as written there.
+  // which groups cross nodes. docs/launching.md's multi-node command, as written there.
   auto text = run({kTrain, "--devices", "4", "--num-nodes", "2", "--mesh", "2,4", "--strategy",
                    "hybrid_shard", "--model", "tiny", "--dry-run"},
                   {}, 30s);
@@ -372,7 +372,7 @@ TEST(Train, DeferredAndEagerInitTrainAlikeAndInitFromLoadsWeights) {
 }
 
 // The summary's memory account: its parts, each measured on its own, add up to the kernel's
-// RssAnon within 10% (README "Where a rank's memory goes").
+// RssAnon within 10% (docs/performance.md, "Where a rank's memory goes").
 TEST(Train, MemoryAccountAddsUp) {
   if (fsdp::testing::kSanitized) {
     // The account's heap parts come from mallinfo2, which a sanitizer's allocator leaves at zero,

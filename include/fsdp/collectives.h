@@ -43,7 +43,7 @@ using WorkHandle = std::shared_ptr<Work>;
 
 // How all_gather and reduce_scatter run on a c10d group. Gloo's own flat collectives (libtorch
 // 2.x) measured up to 2x slower than a ring on CPU, and libtorch 1.13's Gloo has none, so Gloo
-// groups default to rings; NCCL groups use NCCL's. See bench_collectives and README Performance.
+// groups default to rings; NCCL groups use NCCL's. See bench_collectives and docs/performance.md.
 enum class CollectiveAlgorithm {
   kAuto,       // NCCL: native; Gloo: kRing
   kNative,     // the backend's _allgather_base / _reduce_scatter_base (error if it has none)
@@ -129,8 +129,9 @@ class Group {
   // hang, abort or, with equal sizes, exchange the wrong data. If a member does not publish its
   // call within the runtime's timeout, the error says which one. Every member must switch it on
   // at the same point of its collective order (FSDPStrategy::debug_collectives does, in
-  // fsdp::shard). Costs a store round trip per member per collective (README "Desynchronised
-  // ranks"). Groups without a store (one process) have nothing to compare and ignore it.
+  // fsdp::shard). Costs a store round trip per member per collective (docs/concepts.md,
+  // "Desynchronised ranks"). Groups without a store (one process) have nothing to compare and
+  // ignore it.
   void set_debug_collectives(bool on);
   bool debug_collectives() const;
 

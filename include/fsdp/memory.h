@@ -1,5 +1,6 @@
 // fsdp/memory.h: a process's memory as the kernel and the allocator see it, for accounting a
-// rank's peak part by part (fsdp-train's summary; README "Where a rank's memory goes").
+// rank's peak part by part (fsdp-train's summary; docs/performance.md, "Where a rank's memory
+// goes").
 //
 // The engine's own bytes (shards, optimizer state, gathered parameters, pooled buffers) are in
 // MemoryStats (fsdp/sharded.h); this adds what only the process knows: resident anonymous memory

@@ -6,8 +6,8 @@
 // The memory of parameters, gradients and optimizer state and the bytes per step are the topology
 // report's (report.h): the same arithmetic fsdp-train --dry-run prints and the engine's counters
 // measure, so they are exact for a model given as its units. Times come from the cost model
-// (NOTE [planner cost model] in src/planner/cost_model.cpp; README "fsdp-plan: which strategy
-// and mesh"):
+// (NOTE [planner cost model] in src/planner/cost_model.cpp; docs/planner.md, "The cost
+// model"):
 //   ring all-gather / reduce-scatter of S bytes over n ranks: (n-1) a + (n-1)/n * S / busbw
 //   all-reduce: 2 (n-1) a + 2 (n-1)/n * S / busbw; busbw by message-size band and collective,
 //   as nccl-tests reports it

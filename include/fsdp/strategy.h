@@ -203,7 +203,8 @@ class FSDPStrategy {
   // number, operation, unit, size) across the group through the rendezvous store, and fail on
   // every rank naming the first rank and unit that differ, instead of hanging or, for equal-sized
   // units, exchanging the wrong data (NOTE [collective check] in fsdp/collectives.h). Default
-  // off: it costs a few store round trips per collective (README "Desynchronised ranks").
+  // off: it costs a few store round trips per collective (docs/concepts.md, "Desynchronised
+  // ranks").
   FSDP_OPTION(bool, debug_collectives, false)
 #undef FSDP_OPTION
 

@@ -10,7 +10,7 @@
 //   1.13, by the address itself in 2.x (optimizer_state_key).
 // - The rendezvous store's server listens on every interface in 1.13 (TCPStoreOptions has no
 //   address and no way to pass a socket); since 2.2 `masterListenFd` hands it a socket we bound to
-//   the master address ourselves (kStoreBindsMasterAddr, README "Security").
+//   the master address ourselves (kStoreBindsMasterAddr, docs/security.md).
 // - CUDA (FSDP_WITH_CUDA, set where the libtorch found has CUDA): the NCCL header needs
 //   USE_C10D_NCCL; the caching allocator's DeviceStats type moved to c10::CachingDeviceAllocator
 //   in 2.x (cuda_allocated_bytes reads both). Only CUDA builds compile these.

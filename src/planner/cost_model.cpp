@@ -33,8 +33,8 @@
 //   put 1 at two ranks per core and missed those rows by up to 31%. With this rule but one busbw
 //   for every collective and no update: 27 and 26 of 30 rows within 20%, FULL_SHARD at four
 //   ranks per core overstated by 21-30% and HYBRID_SHARD_ZERO2 (2, 2) understated by 22-25%;
-//   with each collective's own busbw and the update below, 30 of 30 (largest 17%; README,
-//   BENCHMARKS.md), HYBRID_SHARD_ZERO2 (2, 2) still 10-17% understated.
+//   with each collective's own busbw and the update below, 30 of 30 (largest 17%;
+//   docs/planner.md, BENCHMARKS.md), HYBRID_SHARD_ZERO2 (2, 2) still 10-17% understated.
 // - The update: after the last reduction each rank runs the optimizer over its shard (with the
 //   gradient's averaging division and clipping): memory-bound, so its shard's parameters x
 //   update_bytes_per_parameter (AdamW 88 bytes as libtorch runs it) / ClusterSpec::

@@ -384,7 +384,7 @@ std::string published_comparison() {
         "`planner_published` fails when this page differs from what the planner prints. Each "
         "source allows at most one calibration, the achievable fraction of peak FLOP/s fitted to "
         "one published throughput; every other number is a preset's (src/planner/clusters.json, "
-        "each with its source) or the cost model's (README, \"fsdp-plan: which strategy and mesh\").\n\n";
+        "each with its source) or the cost model's ([docs/planner.md](planner.md#the-cost-model)).\n\n";
   torchtitan(os);
   ibm(os);
   zeropp(os);

@@ -31,7 +31,7 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // Rank 0's listening socket for the rendezvous store, bound to the master address only (not to
-// every interface, which is what c10d does on its own): README "Security". Returns the fd, which
+// every interface, which is what c10d does on its own): docs/security.md. Returns the fd, which
 // the store's server then owns. Prefers IPv4, like local_address_towards
 // (runtime.cpp).
 int listen_on_master_address(const std::string& host, int port) {

@@ -1,4 +1,4 @@
-// Shared by the libFuzzer targets (README "Testing"): the oracle. A parser may reject its input
+// Shared by the libFuzzer targets (docs/testing.md): the oracle. A parser may reject its input
 // only with fsdp::Error (the project's one-line usage error); any other exception escaping it
 // (std::out_of_range from a stoll, std::length_error, bad_alloc, ...) is a bug, reported by
 // aborting so libFuzzer saves the input. Crashes, sanitizer reports and timeouts are bugs too.

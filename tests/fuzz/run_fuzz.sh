@@ -2,7 +2,7 @@
 # Runs every libFuzzer target of a fuzz build for a bounded time (`make fuzz`: 20 s each, 80 s in
 # all), starting from the seed corpus in tests/fuzz/corpus/<target>/. New inputs go to a temporary
 # directory, never into the repository; a crash leaves its input in the current directory
-# (crash-<sha1>) and fails the run: turn it into a regression test (README "Testing").
+# (crash-<sha1>) and fails the run: turn it into a regression test (docs/testing.md).
 # usage: run_fuzz.sh BUILD_DIR [SECONDS_PER_TARGET] [EXTRA libFuzzer FLAGS...]
 #   e.g. run_fuzz.sh build-fuzz 0 -runs=1000000     (a fixed number of executions instead)
 #   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all four)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fsdp-train under a real SLURM: Debian 12's slurmctld + two slurmd ("nodes" on this machine) and
 # munge, started by this test with every file in a temporary directory and stopped at the end.
-# Checks that srun, an sbatch script like the README's, and --devices inside a batch script give
-# the losses of `fsdp-train --devices 4`; that concurrent steps of one allocation get their own
+# Checks that srun, an sbatch script like docs/launching.md's, and --devices inside a batch script
+# give the losses of `fsdp-train --devices 4`; that concurrent steps of one allocation get their own
 # rendezvous; that --master-port works under srun; that uneven tasks per node fail at once on
 # every rank; that a step on some of the job's nodes meets on its own first node; and that
 # -m cyclic still keeps shard groups inside nodes; and that a batch job saved on SIGUSR1 requeues
@@ -51,7 +51,7 @@ timeout 120 srun -N1 -n4 "${TRAIN[@]}" "${HSDP[@]}" --metrics "$D/srun.jsonl" >"
   fail "srun -N1 -n4: $(tail -n 3 "$D/srun.out")"
 expect_same_losses "srun -N1 -n4, HYBRID_SHARD (2, 2)" "$D/srun.jsonl" "$D/ref4.jsonl"
 
-# The README's sbatch script: srun inside a batch job.
+# docs/launching.md's sbatch script: srun inside a batch job.
 cat >"$D/readme.sbatch" <<SCRIPT
 #!/bin/bash
 #SBATCH --nodes=1 --ntasks-per-node=4
@@ -118,7 +118,7 @@ else
   pass "-m cyclic: no shard group spans nodes"
 fi
 
-# Preemption (README "Preemption and requeue"): the README's requeue script. SIGUSR1 to the batch
+# Preemption (docs/launching.md, "Preemption and requeue"): its requeue script. SIGUSR1 to the batch
 # shell (scancel --signal=USR1 --batch, what --signal=B:USR1@T sends) saves the current step;
 # --requeue puts the job back in the queue; the requeued job resumes and finishes, and the two
 # runs' losses together equal one uninterrupted run's.

@@ -55,7 +55,7 @@ TRAIN=("$BUILD/fsdp-train" --model tiny --quiet --timeout 60 --strategy hybrid_s
 "${TRAIN[@]}" --steps 3 --devices 4 --metrics "$D/ref.jsonl" >"$D/ref.out" 2>&1 ||
   fail "reference run --devices 4: $(tail -n 3 "$D/ref.out")"
 
-# The README's form: static rendezvous on --master-port, hosted by torchrun's agent.
+# docs/launching.md's form: static rendezvous on --master-port, hosted by torchrun's agent.
 P=$(free_port)
 timeout 120 torchrun --nnodes 1 --nproc-per-node 4 --node-rank 0 --master-addr 127.0.0.1 \
   --master-port "$P" --no-python "${TRAIN[@]}" --steps 3 --metrics "$D/static.jsonl" >"$D/static.out" 2>&1 ||
@@ -99,7 +99,7 @@ expect_same_losses "torchrun --max-restarts 1 after a rank was killed" "$D/resta
 # resumes the latest checkpoint resharded from mesh (1, 4) to (1, 2). A hosts both stores: the
 # rendezvous endpoint (the first agent binds it) and the workers' store (the rendezvous' rank 0,
 # the smaller pid), and torchrun keeps that worker store for the agent's lifetime: the survivor
-# must be that agent (see the README's torchrun paragraph).
+# must be that agent (see docs/launching.md, "torchrun").
 E=$D/elastic
 ETRAIN=("$BUILD/fsdp-train" --model tiny --quiet --timeout 60 --strategy full_shard --steps 300)
 "${ETRAIN[@]}" --devices 4 --metrics "$D/elastic_ref.jsonl" >"$D/elastic_ref.out" 2>&1 ||

@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   app.add_flag("--published", f.published,
                "print the comparison with published runs (docs/planner-published.md)");
   fsdp_plan::add_calibrate_flags(app, f.calibrate, f.do_calibrate);
-  // Every option shows its default in --help (the README's table is tested against it).
+  // Every option shows its default in --help (docs/planner.md's table is tested against it).
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_expected_min() > 0) opt->capture_default_str();
   }

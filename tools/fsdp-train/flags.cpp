@@ -222,7 +222,7 @@ void add_runtime_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--heap", o.heap,
                  "retain: glibc keeps freed memory for the next step (fastest; more peak RSS) | "
                  "lean: glibc returns freed memory (least peak RSS; page faults each step) | "
-                 "unchanged: leave malloc's settings alone (README \"The CPU heap\")")
+                 "unchanged: leave malloc's settings alone (docs/performance.md, \"The CPU heap\")")
       ->group(runtime);
 }
 

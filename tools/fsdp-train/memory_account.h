@@ -1,8 +1,8 @@
 // fsdp-train's account of a rank's memory: the process's anonymous resident memory at the largest
 // of the moments sampled (the end of a forward, when activations are at their largest, and the
 // end of a backward, when every gradient shard exists), split into parts that are each measured on
-// their own, so that their sum can be checked against the kernel's number (README "Where a
-// rank's memory goes").
+// their own, so that their sum can be checked against the kernel's number (docs/performance.md,
+// "Where a rank's memory goes").
 #pragma once
 
 #include <cstdint>
