@@ -1,5 +1,11 @@
-// fsdp-train's progress line on rank 0's stderr: a bar redrawn in place on a terminal, or about
-// ten plain lines per run when stderr is a file or a pipe.
+// fsdp-train's progress line on rank 0: a bar redrawn in place on stderr when that is a terminal,
+// else about ten plain lines per run on stdout, in order with the banner and the summary.
+//
+// Why stdout for the plain lines: under --devices N the supervisor holds each complete line of a
+// rank's stderr up to --output-hold (1 s) to merge the same line of several ranks (NOTE [rank
+// output]), while stdout passes straight through. On stderr, a line written less than a second
+// before the summary came after it: the last step's line in `make demo`, every line of a 2 s run.
+// The bar is not held (a "\r" redraw is forwarded at once), so it stays on stderr.
 #pragma once
 
 #include <unistd.h>
@@ -53,11 +59,12 @@ class Progress {
       std::string bar = "[" + std::string(filled, '#') + std::string(kWidth - filled, '.') + "]";
       std::fprintf(stderr, "\r%s %s   ", bar.c_str(), stats);  // trailing blanks erase old text
       if (step == steps_) std::fprintf(stderr, "\n");
+      std::fflush(stderr);
     } else {
       const int64_t every = std::max<int64_t>(1, steps_ / 10);
-      if (step == 1 || step % every == 0 || step == steps_) std::fprintf(stderr, "%s\n", stats);
+      if (step == 1 || step % every == 0 || step == steps_) std::printf("%s\n", stats);
+      std::fflush(stdout);
     }
-    std::fflush(stderr);
   }
 
  private:

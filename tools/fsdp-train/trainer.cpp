@@ -302,6 +302,9 @@ void Trainer::train_step(int64_t step) {
   if (log_.lead) log_step(step, rec, blocked_by_save);
   const bool last = step + 1 == o_.steps;
   if (o_.eval_every > 0 ? (step + 1) % o_.eval_every == 0 || last : last) validate(step + 1);
+  // After the validation, so that the line shows this step's validation loss (the one --metrics
+  // and the summary give), not the previous one. Rank 0 only: progress_ is off elsewhere.
+  progress_.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start_));
 }
 
 double Trainer::set_lr(int64_t step) {
@@ -417,7 +420,6 @@ void Trainer::log_step(int64_t step, const StepRecord& rec, double blocked_by_sa
     metrics_.flush();  // a crash mid-run leaves every finished step readable
     FSDP_CHECK(metrics_, "writing --metrics '", o_.metrics, "' failed: ", std::strerror(errno));
   }
-  progress_.update(step + 1, rec.loss, rec.tokens_per_s, seconds_since(train_start_));
 }
 
 void Trainer::validate(int64_t steps_done) {

@@ -76,7 +76,7 @@ class Trainer {
   StepRecord gather_metrics(double loss, double step_time, double lr,
                             const std::vector<std::pair<std::string, fsdp::CommCounters>>& before);
   double checkpoint_after(int64_t step);  // seconds a background save blocked, or -1
-  void log_step(int64_t step, const StepRecord& rec, double blocked_by_save);  // rank 0
+  void log_step(int64_t step, const StepRecord& rec, double blocked_by_save);  // rank 0: --metrics
   void validate(int64_t steps_done);
   // Checkpoints (NOTE [async saves in fsdp-train] in trainer.cpp).
   void save(int64_t steps_done, bool background);
