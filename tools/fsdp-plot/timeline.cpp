@@ -1,0 +1,650 @@
+// One training step per rank as a Gantt chart (see timeline.h).
+#include "timeline.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "fsdp/error.h"
+#include "plot.h"
+
+namespace fsdp_plot {
+
+using fsdp::cat;
+using nlohmann::json;
+
+namespace {
+
+// Timestamps are microseconds as floats: ends this close count as equal.
+constexpr double kEpsUs = 1e-3;
+
+const char* const kFix = "; give a file written by fsdp-train --trace";
+
+std::string read_text(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in, "cannot read ", what, " '", path, "': ", std::strerror(errno));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// A trace the run did not finish writing ends inside an event: parse it up to the last event
+// that ends whole. Tries the last few '}' from the end; discarded if none gives JSON.
+json parse_cut_trace(const std::string& text) {
+  if (text.find("\"traceEvents\"") == std::string::npos) return json(json::value_t::discarded);
+  size_t end = text.size();
+  for (int tries = 0; tries < 16; ++tries) {
+    end = end == 0 ? std::string::npos : text.rfind('}', end - 1);
+    if (end == std::string::npos) break;
+    json j = json::parse(text.substr(0, end + 1) + "]}", nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("traceEvents")) return j;
+  }
+  return json(json::value_t::discarded);
+}
+
+bool is_int(const json& e, const char* key) {
+  return e.contains(key) && e[key].is_number_integer();
+}
+bool is_num(const json& e, const char* key) { return e.contains(key) && e[key].is_number(); }
+
+// Depth of every span in its thread: sorted by start (the longer first when two start
+// together), a span is inside every earlier one that has not ended by its start.
+void set_depths(std::vector<TraceSpan>& spans) {
+  std::vector<size_t> order(spans.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto& x = spans[a];
+    const auto& y = spans[b];
+    if (x.pid != y.pid) return x.pid < y.pid;
+    if (x.tid != y.tid) return x.tid < y.tid;
+    if (x.start_us != y.start_us) return x.start_us < y.start_us;
+    return x.end_us > y.end_us;
+  });
+  std::vector<double> open;  // ends of the spans containing the current one
+  for (size_t k = 0; k < order.size(); ++k) {
+    auto& s = spans[order[k]];
+    if (k > 0 && (spans[order[k - 1]].pid != s.pid || spans[order[k - 1]].tid != s.tid)) open.clear();
+    while (!open.empty() && open.back() <= s.start_us + kEpsUs) open.pop_back();
+    s.depth = static_cast<int>(open.size());
+    open.push_back(s.end_us);
+  }
+}
+
+void read_metadata(const json& m, Trace& t) {
+  if (!m.is_object()) return;
+  if (m.contains("strategy") && m["strategy"].is_string()) t.strategy = m["strategy"];
+  if (m.contains("mesh") && m["mesh"].is_array()) {
+    for (const auto& v : m["mesh"]) {
+      if (v.is_number_integer()) t.mesh.push_back(v.get<int64_t>());
+    }
+  }
+  if (is_int(m, "world_size")) t.world_size = m["world_size"];
+  if (m.contains("complete") && m["complete"].is_boolean() && !m["complete"].get<bool>()) {
+    t.complete = false;
+  }
+  if (m.contains("clock") && m["clock"].is_object() && m["clock"].contains("uncertainty_us") &&
+      m["clock"]["uncertainty_us"].is_array()) {
+    for (const auto& u : m["clock"]["uncertainty_us"]) {
+      if (u.is_number()) t.clock_uncertainty_us = std::max(t.clock_uncertainty_us, u.get<double>());
+    }
+  }
+}
+
+// The step number of a "step" event: "args": {"step": N}, else its name "step N".
+int64_t step_number(const json& e, const std::string& name) {
+  if (e.contains("args") && e["args"].is_object() && is_int(e["args"], "step")) {
+    return e["args"]["step"].get<int64_t>();
+  }
+  long long n = -1;
+  char rest = 0;
+  return std::sscanf(name.c_str(), "step %lld%c", &n, &rest) == 1 ? n : -1;
+}
+
+std::string upper_snake(std::string s) {
+  for (char& c : s) c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string mesh_label(const std::string& strategy, int64_t replicate, int64_t shard) {
+  return cat(strategy, " (", replicate, ", ", shard, ")");
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Milliseconds with three significant digits or more: "12.3", "0.512", "1234".
+std::string ms(double us) {
+  const double v = us / 1e3;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
+  return buf;
+}
+
+std::string percent(double f) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", 100 * f);
+  return buf;
+}
+
+std::string bytes(double b) {
+  char buf[32];
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1024.0 * 1024));
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::vector<int64_t> Trace::steps() const {
+  std::set<int64_t> s;
+  for (const auto& span : spans) {
+    if (span.cat == "step") s.insert(span.step);
+  }
+  return {s.begin(), s.end()};
+}
+
+std::string step_ranges(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size();) {
+    size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
+    out += cat(out.empty() ? "" : ", ", steps[i]);
+    if (j > i) out += cat("-", steps[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+Trace read_trace(const std::string& path) {
+  Trace t;
+  t.path = path;
+  const std::string text = read_text(path, "trace file");
+  FSDP_CHECK(text.find_first_not_of(" \t\r\n") != std::string::npos, "trace file '", path,
+             "' is empty", kFix);
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    j = parse_cut_trace(text);
+    if (j.is_discarded()) {
+      try {
+        (void)json::parse(text);
+      } catch (const json::exception& e) {
+        throw fsdp::Error(cat("trace file '", path, "' is not JSON (", e.what(), ")", kFix));
+      }
+    }
+    t.complete = false;
+  }
+  // Chrome also reads a bare array of events.
+  const json* events = j.is_array() ? &j : nullptr;
+  if (j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array()) {
+    events = &j["traceEvents"];
+  }
+  FSDP_CHECK(events, "trace file '", path, "' has no \"traceEvents\" array", kFix);
+  if (j.is_object() && j.contains("metadata")) read_metadata(j["metadata"], t);
+  for (size_t i = 0; i < events->size(); ++i) {
+    const json& e = (*events)[i];
+    const std::string where = cat("trace file '", path, "': traceEvents[", i, "]");
+    FSDP_CHECK(e.is_object(), where, " is not an object", kFix);
+    const std::string ph = e.contains("ph") && e["ph"].is_string() ? e["ph"].get<std::string>() : "";
+    const std::string name =
+        e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>() : "";
+    const json args = e.contains("args") && e["args"].is_object() ? e["args"] : json::object();
+    if (ph == "M") {
+      if (!is_int(e, "pid") || !args.contains("name") || !args["name"].is_string()) continue;
+      if (name == "process_name") t.process_names[e["pid"]] = args["name"];
+      if (name == "thread_name" && is_int(e, "tid")) {
+        t.thread_names[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}] = args["name"];
+      }
+    } else if (ph == "C") {
+      if (is_int(e, "pid") && is_num(e, "ts") && is_num(args, "rss_bytes")) {
+        t.rss.push_back({e["pid"], {e["ts"].get<double>(), args["rss_bytes"].get<double>()}});
+      }
+    } else if (ph == "X") {
+      for (const char* key : {"pid", "tid"}) {
+        FSDP_CHECK(is_int(e, key), where, " (\"", name, "\") has no integer \"", key, "\"", kFix);
+      }
+      for (const char* key : {"ts", "dur"}) {
+        FSDP_CHECK(is_num(e, key), where, " (\"", name, "\") has no numeric \"", key, "\"", kFix);
+      }
+      TraceSpan s;
+      s.name = name;
+      s.cat = e.contains("cat") && e["cat"].is_string() ? e["cat"].get<std::string>() : "";
+      s.pid = e["pid"];
+      s.tid = e["tid"];
+      s.start_us = e["ts"];
+      s.end_us = s.start_us + std::max(0.0, e["dur"].get<double>());
+      if (s.cat == "step") {
+        s.step = step_number(e, name);
+        FSDP_CHECK(s.step >= 0, where, " is a step event without \"args\": {\"step\": N}", kFix);
+      }
+      t.spans.push_back(std::move(s));
+    }
+  }
+  FSDP_CHECK(!t.steps().empty(), "trace file '", path, "' has no step events (\"cat\": \"step\") ",
+             "in its ", events->size(), " events, so there is no step to draw", kFix,
+             " that traced at least one whole step");
+  set_depths(t.spans);
+  return t;
+}
+
+PlanTimes read_plan(const std::string& path, const Trace& trace) {
+  FSDP_CHECK(!trace.strategy.empty() && trace.mesh.size() == 2, "trace file '", trace.path,
+             "' has no \"strategy\" and \"mesh\" in its \"metadata\", so the candidate of '", path,
+             "' to compare with cannot be chosen");
+  const std::string fix = "; give the output of fsdp-plan --json or fsdp-train --plan --json";
+  const std::string text = read_text(path, "plan file");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw fsdp::Error(cat("plan file '", path, "' is not JSON (", e.what(), ")", fix));
+  }
+  FSDP_CHECK(j.is_object() && j.contains("candidates") && j["candidates"].is_array(),
+             "plan file '", path, "' has no \"candidates\" array", fix);
+  const std::string want = upper_snake(trace.strategy);
+  const std::string label = mesh_label(want, trace.mesh[0], trace.mesh[1]);
+  const auto matches = [&](const json& c) {
+    return c.is_object() && c.contains("strategy") && c["strategy"].is_string() &&
+           upper_snake(c["strategy"]) == want && c.contains("mesh") &&
+           c["mesh"] == json::array({trace.mesh[0], trace.mesh[1]});
+  };
+  std::string cluster;
+  if (j.contains("cluster") && j["cluster"].is_object() && j["cluster"].contains("name") &&
+      j["cluster"]["name"].is_string()) {
+    cluster = j["cluster"]["name"];
+  }
+  std::vector<std::string> others;
+  for (const auto& c : j["candidates"]) {
+    if (!matches(c)) {
+      if (c.is_object() && c.contains("strategy") && c.contains("mesh") && c["mesh"].is_array() &&
+          c["mesh"].size() == 2 && c["strategy"].is_string()) {
+        others.push_back(mesh_label(c["strategy"], c["mesh"][0], c["mesh"][1]));
+      }
+      continue;
+    }
+    const json& times = c.contains("time_s") ? c["time_s"] : json::object();
+    for (const char* key : {"compute", "exposed", "update"}) {
+      FSDP_CHECK(is_num(times, key), "plan file '", path, "': candidate ", label,
+                 " has no numeric \"time_s\" \"", key, "\"", fix);
+    }
+    PlanTimes p;
+    p.label = cluster.empty() ? label : cat(label, " on ", cluster);
+    p.compute_s = times["compute"];
+    p.exposed_s = times["exposed"];
+    p.update_s = times["update"];
+    return p;
+  }
+  if (j.contains("excluded") && j["excluded"].is_array()) {
+    for (const auto& e : j["excluded"]) {
+      if (matches(e)) {
+        throw fsdp::Error(cat("plan file '", path, "' has no candidate ", label,
+                              ", the traced run's: the planner excluded it (",
+                              e.contains("reason") && e["reason"].is_string()
+                                  ? e["reason"].get<std::string>()
+                                  : "no reason given",
+                              ")"));
+      }
+    }
+  }
+  std::string list;
+  for (size_t i = 0; i < others.size() && i < 8; ++i) list += cat(i ? ", " : "", others[i]);
+  if (others.size() > 8) list += cat(" and ", others.size() - 8, " more");
+  throw fsdp::Error(cat("plan file '", path, "' has no candidate ", label,
+                        ", the traced run's (its candidates: ", list.empty() ? "none" : list,
+                        "); plan for the traced run's world size and strategy"));
+}
+
+double RankStep::exposed_fraction() const {
+  return duration_us() > 0 ? exposed_us / duration_us() : 0;
+}
+
+namespace {
+
+// The categories a box is colored by, in legend order.
+struct Category {
+  const char* key;
+  const char* color;
+  const char* legend;
+};
+constexpr Category kCategories[] = {
+    {"compute", "#4477aa", "compute"},
+    {"collective", "#228833", "collective (comm thread)"},
+    {"wait", "#ee6677", "wait = exposed communication"},
+    {"optimizer", "#ccbb44", "optimizer (update)"},
+    {"data/loss/eval", "#66ccee", "data, loss, eval"},
+    {"checkpoint", "#aa3377", "checkpoint"},
+    {"step", "#dddddd", "step"},
+    {"other", "#999999", "other"},
+};
+
+size_t category_of(const std::string& cat) {
+  const std::string key = cat == "data" || cat == "loss" || cat == "eval" ? "data/loss/eval" : cat;
+  const size_t n = sizeof(kCategories) / sizeof(kCategories[0]);
+  for (size_t i = 0; i < n; ++i) {
+    if (key == kCategories[i].key) return i;
+  }
+  return n - 1;  // other
+}
+
+// A rank's step, measured on its training thread (see RankStep).
+RankStep measure(const Trace& trace, const TraceSpan& step) {
+  RankStep r;
+  r.rank = step.pid;
+  r.start_us = step.start_us;
+  r.end_us = step.end_us;
+  struct Clipped {
+    double start, end;
+    const std::string* cat;
+  };
+  std::vector<Clipped> spans;
+  for (const auto& s : trace.spans) {
+    if (s.pid != step.pid || s.tid != step.tid || s.cat == "step") continue;
+    const double a = std::max(s.start_us, step.start_us), b = std::min(s.end_us, step.end_us);
+    if (b > a) spans.push_back({a, b, &s.cat});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Clipped& x, const Clipped& y) {
+    return x.start != y.start ? x.start < y.start : x.end > y.end;
+  });
+  struct Open {
+    double end, self;
+    const std::string* cat;
+    bool in_wait;
+  };
+  std::vector<Open> open;
+  auto close = [&] {
+    const Open& o = open.back();
+    const double self = std::max(0.0, o.self);
+    if (!o.in_wait && *o.cat == "compute") r.compute_us += self;
+    if (!o.in_wait && *o.cat == "optimizer") r.update_us += self;
+    open.pop_back();
+  };
+  for (const auto& s : spans) {
+    while (!open.empty() && open.back().end <= s.start + kEpsUs) close();
+    const bool parent_wait = !open.empty() && open.back().in_wait;
+    if (!open.empty()) open.back().self -= s.end - s.start;
+    if (*s.cat == "wait" && !parent_wait) r.exposed_us += s.end - s.start;
+    open.push_back({s.end, s.end - s.start, s.cat, parent_wait || *s.cat == "wait"});
+  }
+  while (!open.empty()) close();
+  for (const auto& [rank, sample] : trace.rss) {
+    if (rank == step.pid && sample.first >= step.start_us - kEpsUs &&
+        sample.first <= step.end_us + kEpsUs) {
+      r.peak_rss_bytes = std::max(r.peak_rss_bytes, sample.second);
+    }
+  }
+  return r;
+}
+
+struct Row {
+  std::string label;
+  int64_t pid, tid;
+};
+
+// The rows of one rank: its training thread, its comm threads by name, then any other thread
+// with a span in [w0, w1]; comm threads are shown even when idle.
+std::vector<Row> rows_of(const Trace& trace, const TraceSpan& step, double w0, double w1,
+                         bool with_exposed, double exposed) {
+  const int64_t pid = step.pid;
+  std::map<int64_t, std::string> names;
+  for (const auto& [key, name] : trace.thread_names) {
+    if (key.first == pid) names[key.second] = name;
+  }
+  std::set<int64_t> tids;
+  for (const auto& [tid, name] : names) {
+    if (name.rfind("comm", 0) == 0) tids.insert(tid);
+  }
+  for (const auto& s : trace.spans) {
+    if (s.pid == pid && s.end_us > w0 && s.start_us < w1) tids.insert(s.tid);
+  }
+  tids.erase(step.tid);
+  const auto name_of = [&](int64_t tid) {
+    const auto it = names.find(tid);
+    return it != names.end() ? it->second : cat("thread ", tid);
+  };
+  std::vector<int64_t> order(tids.begin(), tids.end());
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const bool ca = name_of(a).rfind("comm", 0) == 0, cb = name_of(b).rfind("comm", 0) == 0;
+    return ca != cb ? ca : name_of(a) < name_of(b);
+  });
+  const auto it = names.find(step.tid);
+  std::vector<Row> rows{{cat("rank ", pid, " ", it != names.end() ? it->second : "training",
+                             with_exposed ? cat(" (", percent(exposed), " exposed)") : ""),
+                         pid, step.tid}};
+  for (int64_t tid : order) rows.push_back({cat("rank ", pid, " ", name_of(tid)), pid, tid});
+  return rows;
+}
+
+// A gnuplot data line cannot hold a double quote inside its quoted text.
+std::string label_text(std::string s) {
+  std::replace(s.begin(), s.end(), '"', '\'');
+  return "\"" + s + "\"";
+}
+
+struct Chart {
+  std::ostringstream boxes, labels;
+  std::vector<std::pair<int, std::string>> box_lines;  // (depth, line): outer ones drawn first
+  std::set<size_t> categories;
+  double x_max = 1e-9;       // ms
+  double plot_px = 1000;     // the plot area's width, for which labels fit
+};
+
+void add_box(Chart& c, int depth, double x0, double x1, double y, size_t category,
+             const std::string& label) {
+  const double h = std::max(0.2, 0.8 * std::pow(0.72, depth));
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%.6f %.6f %.4f %.4f 0x%s\n", x0, x1, y - h / 2, y + h / 2,
+                kCategories[category].color + 1);
+  c.box_lines.push_back({depth, buf});
+  c.categories.insert(category);
+  // The label where it fits (about 6 pixels a character at font size 8), else its last word
+  // ("block3" of "forward block3"): the color says what the box does.
+  const double px = (x1 - x0) / c.x_max * c.plot_px;
+  const size_t space = label.rfind(' ');
+  const std::string text = px >= 6.0 * double(label.size() + 1) ? label
+                           : space != std::string::npos && px >= 6.0 * double(label.size() - space)
+                               ? label.substr(space + 1)
+                               : "";
+  if (!text.empty()) {
+    std::snprintf(buf, sizeof(buf), "%.6f %.4f ", (x0 + x1) / 2, y);
+    c.labels << buf << label_text(text) << "\n";
+  }
+}
+
+}  // namespace
+
+TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options,
+                              const std::string& png) {
+  const std::vector<int64_t> steps = trace.steps();
+  const int64_t step = options.step ? *options.step : steps[steps.size() / 2];
+  FSDP_CHECK(std::binary_search(steps.begin(), steps.end(), step), "trace file '", trace.path,
+             "' has no step ", step, "; its traced steps: ", step_ranges(steps));
+  std::map<int64_t, const TraceSpan*> step_of;  // rank -> its span of `step` (the first)
+  for (const auto& s : trace.spans) {
+    if (s.cat == "step" && s.step == step) step_of.emplace(s.pid, &s);
+  }
+  double w0 = 1e300, w1 = -1e300;
+  TimelineSummary summary;
+  summary.step = step;
+  for (const auto& [rank, s] : step_of) {
+    w0 = std::min(w0, s->start_us);
+    w1 = std::max(w1, s->end_us);
+    summary.ranks.push_back(measure(trace, *s));
+  }
+  const bool many = summary.ranks.size() > 32;  // exposed % in the row labels, not the title
+  std::vector<Row> rows;
+  std::vector<double> rank_separators;  // after this many rows
+  for (size_t i = 0; i < summary.ranks.size(); ++i) {
+    const auto& r = summary.ranks[i];
+    for (auto& row : rows_of(trace, *step_of.at(r.rank), w0, w1, many, r.exposed_fraction())) {
+      rows.push_back(std::move(row));
+    }
+    if (i + 1 < summary.ranks.size()) rank_separators.push_back(double(rows.size()));
+  }
+  summary.rows = rows.size();
+
+  const RankStep& first = summary.ranks.front();  // rank 0 in a whole trace
+  const double plan_ms = options.plan ? 1e3 * (options.plan->compute_s + options.plan->exposed_s +
+                                                options.plan->update_s)
+                                      : 0;
+  const double measured_ms = (first.compute_us + first.exposed_us + first.update_us) / 1e3;
+  Chart c;
+  c.x_max = std::max({(w1 - w0) / 1e3, plan_ms, options.plan ? measured_ms : 0.0}) * 1.01;
+  const int width = 1400;
+  c.plot_px = width - 330;
+  const double base = options.plan ? 2.5 : 0;  // the plan's two rows below the threads
+  const auto y_of = [&](size_t row) { return base + double(rows.size() - 1 - row); };
+
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<const TraceSpan*> spans;
+    for (const auto& s : trace.spans) {
+      if (s.pid == rows[i].pid && s.tid == rows[i].tid && s.end_us > w0 && s.start_us < w1) {
+        spans.push_back(&s);
+      }
+    }
+    std::sort(spans.begin(), spans.end(), [](const TraceSpan* a, const TraceSpan* b) {
+      return a->start_us != b->start_us ? a->start_us < b->start_us : a->end_us > b->end_us;
+    });
+    for (size_t k = 0; k < spans.size(); ++k) {
+      const TraceSpan& s = *spans[k];
+      // A leaf (nothing drawn inside it) gets its name where the name fits.
+      const bool leaf = k + 1 == spans.size() || spans[k + 1]->start_us >= s.end_us - kEpsUs;
+      add_box(c, s.depth, (std::max(s.start_us, w0) - w0) / 1e3, (std::min(s.end_us, w1) - w0) / 1e3,
+              y_of(i), category_of(s.cat), leaf && s.cat != "step" ? s.name : "");
+    }
+  }
+  std::vector<std::pair<std::string, double>> ytics;
+  for (size_t i = 0; i < rows.size(); ++i) ytics.push_back({rows[i].label, y_of(i)});
+  if (options.plan) {
+    const auto bars = [&](double y, double compute, double exposed, double update) {
+      const size_t cats[] = {category_of("compute"), category_of("wait"), category_of("optimizer")};
+      const double v[] = {compute, exposed, update};
+      const char* names[] = {"compute ", "exposed ", "update "};
+      double x = 0;
+      for (int k = 0; k < 3; ++k) {
+        if (v[k] > 0) add_box(c, 1, x, x + v[k], y, cats[k], cat(names[k], ms(v[k] * 1e3), " ms"));
+        x += v[k];
+      }
+    };
+    const auto& p = *options.plan;
+    bars(1, p.compute_s * 1e3, p.exposed_s * 1e3, p.update_s * 1e3);
+    bars(0, first.compute_us / 1e3, first.exposed_us / 1e3, first.update_us / 1e3);
+    ytics.push_back({cat("plan: ", ms(plan_ms * 1e3), " ms predicted"), 1});
+    ytics.push_back({cat("rank ", first.rank, ": ", ms(measured_ms * 1e3), " ms measured"), 0});
+  }
+
+  // The title: the step, the run, each rank's exposed communication.
+  std::vector<std::string> title;
+  title.push_back(!options.title.empty()
+                      ? options.title
+                      : cat("step ", step, " of ", base_name(trace.path), " (traced steps ",
+                            step_ranges(steps), ")", trace.complete ? "" : ", an incomplete trace"));
+  const RankStep* slowest = &summary.ranks.front();
+  for (const auto& r : summary.ranks) {
+    if (r.duration_us() > slowest->duration_us()) slowest = &r;
+  }
+  std::string run = trace.strategy.empty() ? "strategy not recorded" : trace.strategy;
+  if (trace.mesh.size() == 2) {
+    run += cat(", mesh ", trace.mesh[0], " x ", trace.mesh[1], " (replicate x shard)");
+  }
+  run += cat(", ", summary.ranks.size(), summary.ranks.size() == 1 ? " rank" : " ranks");
+  if (trace.world_size > int64_t(summary.ranks.size())) run += cat(" of ", trace.world_size);
+  title.push_back(cat(run, "; slowest rank ", slowest->rank, ": ", ms(slowest->duration_us()),
+                      " ms"));
+  const std::string exposed = "exposed communication (waits / step): ";
+  if (!many) {
+    std::string line = exposed;
+    for (size_t i = 0; i < summary.ranks.size(); ++i) {
+      if (i > 0 && i % 8 == 0) {
+        title.push_back(line + ",");
+        line.clear();
+      }
+      line += cat(i % 8 ? ", " : "", "rank ", summary.ranks[i].rank, " ",
+                  percent(summary.ranks[i].exposed_fraction()));
+    }
+    title.push_back(line);
+  } else {
+    const auto [lo, hi] = std::minmax_element(
+        summary.ranks.begin(), summary.ranks.end(),
+        [](const RankStep& a, const RankStep& b) { return a.exposed_fraction() < b.exposed_fraction(); });
+    double sum = 0;
+    for (const auto& r : summary.ranks) sum += r.exposed_fraction();
+    title.push_back(cat(exposed, "mean ", percent(sum / double(summary.ranks.size())), ", least ",
+                        percent(lo->exposed_fraction()), " (rank ", lo->rank, "), most ",
+                        percent(hi->exposed_fraction()), " (rank ", hi->rank, ")"));
+  }
+
+  const double n_rows = double(rows.size()) + base;
+  const int height = std::max(420, static_cast<int>(170 + 16 * title.size() + 24 * n_rows));
+  std::ostringstream os;
+  os << png_terminal(width, height, png) << "set title ";
+  for (size_t i = 0; i < title.size(); ++i) os << (i ? ".\"\\n\"." : "") << quoted(title[i]);
+  os << "\nset xlabel "
+     << quoted(cat("ms from the step's earliest start over ranks",
+                   trace.clock_uncertainty_us > 0
+                       ? cat(" (ranks' clocks aligned to rank 0's within +/-",
+                             std::lround(trace.clock_uncertainty_us), " us)")
+                       : ""))
+     << "\nset xrange [0:" << c.x_max << "]\nset yrange [-0.6:" << n_rows - 0.4 << "]\n"
+     << "set grid x\nset ytics nomirror scale 0 (";
+  for (size_t i = 0; i < ytics.size(); ++i) {
+    os << (i ? ", " : "") << quoted(ytics[i].first) << " " << ytics[i].second;
+  }
+  os << ")\nset key below horizontal\nset style fill solid 1.0 border lc rgb '#505050'\n";
+  int arrow = 0;
+  for (double after : rank_separators) {
+    os << "set arrow " << ++arrow << " from graph 0, first " << y_of(size_t(after)) + 0.5
+       << " to graph 1, first " << y_of(size_t(after)) + 0.5
+       << " nohead lc rgb '#888888' dt 3\n";
+  }
+  if (options.plan) {
+    os << "set arrow " << ++arrow << " from graph 0, first " << base - 0.75 << " to graph 1, first "
+       << base - 0.75 << " nohead lc rgb '#000000'\n";
+  }
+  std::stable_sort(c.box_lines.begin(), c.box_lines.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  os << "$boxes << EOD\n";
+  for (const auto& [depth, line] : c.box_lines) os << line;
+  os << "EOD\n$labels << EOD\n" << c.labels.str() << "EOD\n";
+  os << "plot $boxes using (($1+$2)/2):(($3+$4)/2):1:2:3:4:5 with boxxyerror fc rgb variable "
+        "notitle";
+  if (!c.labels.str().empty()) os << ", $labels using 1:2:3 with labels font ',8' notitle";
+  for (size_t k : c.categories) {
+    os << ", keyentry with boxes fc rgb '" << kCategories[k].color << "' title "
+       << quoted(kCategories[k].legend);
+  }
+  os << "\nunset output\n";
+  run_gnuplot_script(os.str(), png);
+  return summary;
+}
+
+std::string describe(const TimelineSummary& summary, const std::optional<PlanTimes>& plan) {
+  std::ostringstream os;
+  for (const auto& r : summary.ranks) {
+    const double other = r.duration_us() - r.compute_us - r.exposed_us - r.update_us;
+    os << "  rank " << r.rank << ": step " << ms(r.duration_us()) << " ms = compute "
+       << ms(r.compute_us) << " + exposed communication " << ms(r.exposed_us) << " ("
+       << percent(r.exposed_fraction()) << ") + update " << ms(r.update_us) << " + other "
+       << ms(std::max(0.0, other)) << " ms";
+    if (r.peak_rss_bytes > 0) os << "; peak RSS " << bytes(r.peak_rss_bytes);
+    os << "\n";
+  }
+  if (plan) {
+    os << "  plan " << plan->label << ": compute " << ms(plan->compute_s * 1e6)
+       << " + exposed communication " << ms(plan->exposed_s * 1e6) << " + update "
+       << ms(plan->update_s * 1e6) << " ms (predicted)\n";
+  }
+  return os.str();
+}
+
+}  // namespace fsdp_plot
