@@ -74,13 +74,15 @@ int main(int argc, char** argv) {
       ->needs(trace_opt);
   try {
     app.parse(argc, argv);
-    if (files.empty() && trace.empty()) {
-      throw CLI::RequiredError("give metrics files (FILE.jsonl ...) or --trace FILE.json");
-    }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "fsdp-plot: error: " << e.what() << " (see fsdp-plot --help)\n";
+    return 2;
+  }
+  if (files.empty() && trace.empty()) {
+    std::cerr << "fsdp-plot: error: nothing to draw: give metrics files (FILE.jsonl ...) or "
+                 "--trace FILE.json (see fsdp-plot --help)\n";
     return 2;
   }
   try {

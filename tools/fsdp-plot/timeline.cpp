@@ -325,6 +325,7 @@ constexpr Category kCategories[] = {
     {"data/loss/eval", "#66ccee", "data, loss, eval"},
     {"checkpoint", "#aa3377", "checkpoint"},
     {"step", "#dddddd", "step"},
+    {"rest", "#bbbbbb", "rest of the step (data, loss, gaps)"},  // the measured bar's
     {"other", "#999999", "other"},
 };
 
@@ -439,22 +440,20 @@ struct Chart {
   double plot_px = 1000;     // the plot area's width, for which labels fit
 };
 
+// A box with `label` where it fits, else `short_label`.
 void add_box(Chart& c, int depth, double x0, double x1, double y, size_t category,
-             const std::string& label) {
+             const std::string& label, const std::string& short_label) {
   const double h = std::max(0.2, 0.8 * std::pow(0.72, depth));
   char buf[160];
   std::snprintf(buf, sizeof(buf), "%.6f %.6f %.4f %.4f 0x%s\n", x0, x1, y - h / 2, y + h / 2,
                 kCategories[category].color + 1);
   c.box_lines.push_back({depth, buf});
   c.categories.insert(category);
-  // The label where it fits (about 6 pixels a character at font size 8), else its last word
-  // ("block3" of "forward block3"): the color says what the box does.
+  // About 6 pixels a character at font size 8.
   const double px = (x1 - x0) / c.x_max * c.plot_px;
-  const size_t space = label.rfind(' ');
-  const std::string text = px >= 6.0 * double(label.size() + 1) ? label
-                           : space != std::string::npos && px >= 6.0 * double(label.size() - space)
-                               ? label.substr(space + 1)
-                               : "";
+  const std::string text = px >= 6.0 * double(label.size() + 1)         ? label
+                           : px >= 6.0 * double(short_label.size() + 1) ? short_label
+                                                                        : "";
   if (!text.empty()) {
     std::snprintf(buf, sizeof(buf), "%.6f %.4f ", (x0 + x1) / 2, y);
     c.labels << buf << label_text(text) << "\n";
@@ -499,7 +498,7 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
                                       : 0;
   const double measured_ms = (first.compute_us + first.exposed_us + first.update_us) / 1e3;
   Chart c;
-  c.x_max = std::max({(w1 - w0) / 1e3, plan_ms, options.plan ? measured_ms : 0.0}) * 1.01;
+  c.x_max = std::max((w1 - w0) / 1e3, plan_ms) * 1.01;
   const int width = 1400;
   c.plot_px = width - 330;
   const double base = options.plan ? 2.5 : 0;  // the plan's two rows below the threads
@@ -517,30 +516,35 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
     });
     for (size_t k = 0; k < spans.size(); ++k) {
       const TraceSpan& s = *spans[k];
-      // A leaf (nothing drawn inside it) gets its name where the name fits.
+      // A leaf (nothing drawn inside it) gets its name where the name fits, else its last word
+      // ("block3" of "forward block3"): the color says what the box does.
       const bool leaf = k + 1 == spans.size() || spans[k + 1]->start_us >= s.end_us - kEpsUs;
+      const std::string label = leaf && s.cat != "step" ? s.name : "";
       add_box(c, s.depth, (std::max(s.start_us, w0) - w0) / 1e3, (std::min(s.end_us, w1) - w0) / 1e3,
-              y_of(i), category_of(s.cat), leaf && s.cat != "step" ? s.name : "");
+              y_of(i), category_of(s.cat), label, label.substr(label.rfind(' ') + 1));
     }
   }
   std::vector<std::pair<std::string, double>> ytics;
   for (size_t i = 0; i < rows.size(); ++i) ytics.push_back({rows[i].label, y_of(i)});
   if (options.plan) {
-    const auto bars = [&](double y, double compute, double exposed, double update) {
-      const size_t cats[] = {category_of("compute"), category_of("wait"), category_of("optimizer")};
-      const double v[] = {compute, exposed, update};
-      const char* names[] = {"compute ", "exposed ", "update "};
+    // Consecutive bars in ms: compute, exposed communication, update, and (measured) the rest.
+    const auto bars = [&](double y, std::vector<double> v) {
+      const size_t cats[] = {category_of("compute"), category_of("wait"), category_of("optimizer"),
+                             category_of("rest")};
+      const char* names[] = {"compute ", "exposed ", "update ", "rest "};
       double x = 0;
-      for (int k = 0; k < 3; ++k) {
-        if (v[k] > 0) add_box(c, 1, x, x + v[k], y, cats[k], cat(names[k], ms(v[k] * 1e3), " ms"));
+      for (size_t k = 0; k < v.size(); ++k) {
+        const std::string value = ms(v[k] * 1e3);
+        if (v[k] > 0) add_box(c, 1, x, x + v[k], y, cats[k], cat(names[k], value, " ms"), value);
         x += v[k];
       }
     };
     const auto& p = *options.plan;
-    bars(1, p.compute_s * 1e3, p.exposed_s * 1e3, p.update_s * 1e3);
-    bars(0, first.compute_us / 1e3, first.exposed_us / 1e3, first.update_us / 1e3);
-    ytics.push_back({cat("plan: ", ms(plan_ms * 1e3), " ms predicted"), 1});
-    ytics.push_back({cat("rank ", first.rank, ": ", ms(measured_ms * 1e3), " ms measured"), 0});
+    bars(1, {p.compute_s * 1e3, p.exposed_s * 1e3, p.update_s * 1e3});
+    bars(0, {first.compute_us / 1e3, first.exposed_us / 1e3, first.update_us / 1e3,
+             std::max(0.0, first.duration_us() / 1e3 - measured_ms)});
+    ytics.push_back({cat("plan predicted: ", ms(plan_ms * 1e3), " ms"), 1});
+    ytics.push_back({cat("rank ", first.rank, " measured: ", ms(first.duration_us()), " ms"), 0});
   }
 
   // The title: the step, the run, each rank's exposed communication.
@@ -585,7 +589,7 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   }
 
   const double n_rows = double(rows.size()) + base;
-  const int height = std::max(420, static_cast<int>(170 + 16 * title.size() + 24 * n_rows));
+  const int height = std::max(480, static_cast<int>(180 + 16 * title.size() + 30 * n_rows));
   std::ostringstream os;
   os << png_terminal(width, height, png) << "set title ";
   for (size_t i = 0; i < title.size(); ++i) os << (i ? ".\"\\n\"." : "") << quoted(title[i]);
