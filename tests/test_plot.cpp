@@ -179,6 +179,19 @@ TEST(Plot, TraceTimelineOfOneStep) {
       << r.output;
   EXPECT_LT(size_of(dir.file("step9.png")), 0);
 
+  // A rank without the step is named, not drawn.
+  json partial = sample_trace();
+  auto& events = partial["traceEvents"];
+  events.erase(std::remove_if(events.begin(), events.end(), [](const json& e) {
+                 return e.value("name", "") == "step 3" && e.value("pid", -1) == 1;
+               }),
+               events.end());
+  write_file(dir.file("partial.json"), partial.dump());
+  r = run({kPlot, "--trace", dir.file("partial.json"), "--step", "3", "-o", dir.file("p.png")});
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(has(r, ": 1 rank, 2 thread rows)")) << r.output;
+  EXPECT_TRUE(has(r, "  not drawn: rank 1: no step 3 in the trace")) << r.output;
+
   // A trace the run did not finish writing: drawn up to its last whole event, with a warning.
   const std::string text = sample_trace().dump();
   write_file(dir.file("cut.json"), text.substr(0, text.find("\"step 4\"") + 200));

@@ -475,6 +475,11 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   double w0 = 1e300, w1 = -1e300;
   TimelineSummary summary;
   summary.step = step;
+  std::set<int64_t> missing;
+  for (const auto& s : trace.spans) {
+    if (!step_of.count(s.pid)) missing.insert(s.pid);
+  }
+  summary.missing_ranks.assign(missing.begin(), missing.end());
   for (const auto& [rank, s] : step_of) {
     w0 = std::min(w0, s->start_us);
     w1 = std::max(w1, s->end_us);
@@ -602,7 +607,9 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
      << "\nset xrange [0:" << c.x_max << "]\nset yrange [-0.6:" << n_rows - 0.4 << "]\n"
      << "set grid x\nset ytics nomirror scale 0 (";
   for (size_t i = 0; i < ytics.size(); ++i) {
-    os << (i ? ", " : "") << quoted(ytics[i].first) << " " << ytics[i].second;
+    std::string label;  // a tic label is a format: '%' must be "%%"
+    for (char ch : ytics[i].first) label += ch == '%' ? std::string("%%") : std::string(1, ch);
+    os << (i ? ", " : "") << quoted(label) << " " << ytics[i].second;
   }
   os << ")\nset key below horizontal\nset style fill solid 1.0 border lc rgb '#505050'\n";
   int arrow = 0;
@@ -642,6 +649,14 @@ std::string describe(const TimelineSummary& summary, const std::optional<PlanTim
        << ms(std::max(0.0, other)) << " ms";
     if (r.peak_rss_bytes > 0) os << "; peak RSS " << bytes(r.peak_rss_bytes);
     os << "\n";
+  }
+  if (!summary.missing_ranks.empty()) {
+    os << "  not drawn: rank";
+    if (summary.missing_ranks.size() > 1) os << "s";
+    for (size_t i = 0; i < summary.missing_ranks.size(); ++i) {
+      os << (i ? ", " : " ") << summary.missing_ranks[i];
+    }
+    os << ": no step " << summary.step << " in the trace\n";
   }
   if (plan) {
     os << "  plan " << plan->label << ": compute " << ms(plan->compute_s * 1e6)

@@ -81,8 +81,9 @@ struct TimelineOptions {
 // What plot_timeline drew.
 struct TimelineSummary {
   int64_t step = 0;
-  std::vector<RankStep> ranks;  // by rank
-  size_t rows = 0;              // thread rows drawn
+  std::vector<RankStep> ranks;         // by rank
+  std::vector<int64_t> missing_ranks;  // ranks in the trace without this step
+  size_t rows = 0;                     // thread rows drawn
 };
 
 // Draws one step of `trace` into `png` with gnuplot (run_gnuplot_script: same errors). Throws
