@@ -36,24 +36,38 @@ json sample_trace() {
   json events = json::array();
   auto span = [&](const std::string& name, const std::string& cat, int pid, int tid, double ts,
                   double dur, json args = nullptr) {
-    json e = {{"ph", "X"}, {"name", name}, {"cat", cat}, {"pid", pid},
-              {"tid", tid}, {"ts", ts},    {"dur", dur}};
+    json e = {{"ph", "X"},  {"name", name}, {"cat", cat}, {"pid", pid},
+              {"tid", tid}, {"ts", ts},     {"dur", dur}};
     if (!args.is_null()) e["args"] = args;
     events.push_back(e);
   };
   int collective = 0;
   auto comm = [&](const std::string& op, const std::string& unit, int pid, double ts, double dur) {
     span(op + " " + unit, "collective", pid, 2, ts, dur,
-         {{"op", op}, {"group", "shard"}, {"unit", unit}, {"bytes", 1 << 20},
-          {"collective", collective++}, {"queued_us", 3.5}});
+         {{"op", op},
+          {"group", "shard"},
+          {"unit", unit},
+          {"bytes", 1 << 20},
+          {"collective", collective++},
+          {"queued_us", 3.5}});
   };
   for (int r = 0; r < 2; ++r) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"tid", 0},
-                      {"args", {{"name", "rank " + std::to_string(r) + ": replica 0, shard " +
-                                             std::to_string(r)}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 1},
+    events.push_back(
+        {{"ph", "M"},
+         {"name", "process_name"},
+         {"pid", r},
+         {"tid", 0},
+         {"args",
+          {{"name", "rank " + std::to_string(r) + ": replica 0, shard " + std::to_string(r)}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", r},
+                      {"tid", 1},
                       {"args", {{"name", "training"}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 2},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", r},
+                      {"tid", 2},
                       {"args", {{"name", "comm: shard group"}}}});
     double t = 1000.5 + 40 * r;
     for (int step : {3, 4}) {
@@ -83,8 +97,13 @@ json sample_trace() {
       span("optimizer", "optimizer", r, 1, t + 100, 400);
       t += 500;
       span("step " + std::to_string(step), "step", r, 1, start, t - start, {{"step", step}});
-      events.push_back({{"ph", "C"}, {"name", "memory"}, {"pid", r}, {"tid", 1}, {"ts", t - 1},
-                        {"args", {{"rss_bytes", (700 + step) << 20}, {"engine_buffer_bytes", 1 << 26}}}});
+      events.push_back(
+          {{"ph", "C"},
+           {"name", "memory"},
+           {"pid", r},
+           {"tid", 1},
+           {"ts", t - 1},
+           {"args", {{"rss_bytes", (700 + step) << 20}, {"engine_buffer_bytes", 1 << 26}}}});
       t += 20;
     }
   }
@@ -106,8 +125,12 @@ json sample_plan(const std::vector<std::tuple<std::string, int, int>>& candidate
   for (const auto& [strategy, replicate, shard] : candidates) {
     cs.push_back({{"strategy", strategy},
                   {"mesh", {replicate, shard}},
-                  {"time_s", {{"compute", 0.006}, {"communication", 0.002}, {"exposed", 0.001},
-                              {"update", 0.0004}, {"step", 0.0074}}}});
+                  {"time_s",
+                   {{"compute", 0.006},
+                    {"communication", 0.002},
+                    {"exposed", 0.001},
+                    {"update", 0.0004},
+                    {"step", 0.0074}}}});
   }
   return {{"cluster", {{"name", "sample-cluster"}}},
           {"candidates", cs},
@@ -116,7 +139,9 @@ json sample_plan(const std::vector<std::tuple<std::string, int, int>>& candidate
                                      {"reason", "one replica: use FULL_SHARD"}}})}};
 }
 
-size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+size_t lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
 
 off_t size_of(const std::string& path) {
   struct stat st {};
@@ -156,11 +181,13 @@ TEST(Plot, TraceTimelineOfOneStep) {
   EXPECT_GT(size_of(dir.file("timeline.png")), 1000) << r.output;
   EXPECT_TRUE(has(r, "(step 4 of " + trace + ": 2 ranks, 4 thread rows)")) << r.output;
   // Each rank's step as the sample's comment says, waits nested in backward counted once.
-  EXPECT_TRUE(has(r, "rank 0: step 7.50 ms = compute 5.80 + exposed communication 0.900 (12.0%) "
-                     "+ update 0.500 + other 0.300 ms; peak RSS 704.0 MiB"))
+  EXPECT_TRUE(has(r,
+                  "rank 0: step 7.50 ms = compute 5.80 + exposed communication 0.900 (12.0%) "
+                  "+ update 0.500 + other 0.300 ms; peak RSS 704.0 MiB"))
       << r.output;
-  EXPECT_TRUE(has(r, "rank 1: step 7.60 ms = compute 5.80 + exposed communication 1.00 (13.2%) "
-                     "+ update 0.500 + other 0.300 ms"))
+  EXPECT_TRUE(has(r,
+                  "rank 1: step 7.60 ms = compute 5.80 + exposed communication 1.00 (13.2%) "
+                  "+ update 0.500 + other 0.300 ms"))
       << r.output;
 
   r = run({kPlot, "--trace", trace, "--step", "3", "--title", "Bob's step", "-o",
@@ -174,17 +201,18 @@ TEST(Plot, TraceTimelineOfOneStep) {
   r = run({kPlot, "--trace", trace, "--step", "9", "-o", dir.file("step9.png")});
   EXPECT_EQ(r.exit_code(), 1) << r.output;
   EXPECT_EQ(lines(r.output), 1u) << r.output;
-  EXPECT_TRUE(has(r, "fsdp-plot: error: trace file '" + trace +
-                         "' has no step 9; its traced steps: 3-4"))
+  EXPECT_TRUE(
+      has(r, "fsdp-plot: error: trace file '" + trace + "' has no step 9; its traced steps: 3-4"))
       << r.output;
   EXPECT_LT(size_of(dir.file("step9.png")), 0);
 
   // A rank without the step is named, not drawn.
   json partial = sample_trace();
   auto& events = partial["traceEvents"];
-  events.erase(std::remove_if(events.begin(), events.end(), [](const json& e) {
-                 return e.value("name", "") == "step 3" && e.value("pid", -1) == 1;
-               }),
+  events.erase(std::remove_if(events.begin(), events.end(),
+                              [](const json& e) {
+                                return e.value("name", "") == "step 3" && e.value("pid", -1) == 1;
+                              }),
                events.end());
   write_file(dir.file("partial.json"), partial.dump());
   r = run({kPlot, "--trace", dir.file("partial.json"), "--step", "3", "-o", dir.file("p.png")});
@@ -215,8 +243,8 @@ TEST(Plot, TraceWithThePlannersPrediction) {
   } else {
     write_file(plan, sample_plan({{"FULL_SHARD", 1, 2}, {"NO_SHARD", 1, 2}}).dump());
   }
-  auto r = run({kPlot, "--trace", dir.file("trace.json"), "--plan", plan, "-o",
-                dir.file("plan.png")});
+  auto r =
+      run({kPlot, "--trace", dir.file("trace.json"), "--plan", plan, "-o", dir.file("plan.png")});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(is_png(dir.file("plan.png"))) << r.output;
   EXPECT_TRUE(has(r, "  plan FULL_SHARD (1, 2) on ")) << r.output;
@@ -231,10 +259,12 @@ TEST(Plot, TraceWithThePlannersPrediction) {
   r = run({kPlot, "--trace", dir.file("lower.json"), "--plan", dir.file("sample.json"), "-o",
            dir.file("lower.png")});
   EXPECT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_TRUE(has(r, "plan FULL_SHARD (1, 2) on sample-cluster: compute 6.00 + exposed "
-                     "communication 1.00 + update 0.400 ms (predicted)"))
+  EXPECT_TRUE(has(r,
+                  "plan FULL_SHARD (1, 2) on sample-cluster: compute 6.00 + exposed "
+                  "communication 1.00 + update 0.400 ms (predicted)"))
       << r.output;
-  write_file(dir.file("other.json"), sample_plan({{"NO_SHARD", 1, 2}, {"FULL_SHARD", 1, 4}}).dump());
+  write_file(dir.file("other.json"),
+             sample_plan({{"NO_SHARD", 1, 2}, {"FULL_SHARD", 1, 4}}).dump());
   r = run({kPlot, "--trace", dir.file("trace.json"), "--plan", dir.file("other.json"), "-o",
            dir.file("x.png")});
   EXPECT_EQ(r.exit_code(), 1) << r.output;
@@ -290,7 +320,8 @@ TEST(Plot, TraceBadInputFailsInOneLine) {
       {{"--trace", dir.file("no_steps.json")},
        "trace file '" + dir.file("no_steps.json") + "' has no step events"},
       {{"--trace", dir.file("no_ts.json")},
-       "trace file '" + dir.file("no_ts.json") + "': traceEvents[3] (\"data\") has no numeric \"ts\""},
+       "trace file '" + dir.file("no_ts.json") +
+           "': traceEvents[3] (\"data\") has no numeric \"ts\""},
       {{"--trace", dir.file("trace.json"), "--plan", dir.file("missing.json")},
        "cannot read plan file '" + dir.file("missing.json") + "'"},
   };

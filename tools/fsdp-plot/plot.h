@@ -33,8 +33,9 @@ void run_gnuplot_script(const std::string& script, const std::string& png);
 // it, else its libgd png terminal (both ship with gnuplot-nox); no enhanced-text markup.
 std::string png_terminal(int width, int height, const std::string& png);
 
-// `s` as a gnuplot single-quoted string: '' stands for one quote; nothing else is special.
-std::string quoted(const std::string& s);
+// `s` as a gnuplot single-quoted string: '' stands for one quote; nothing else is special, but a
+// line break would end the command, so it becomes a space.
+std::string gnuplot_quoted(const std::string& s);
 
 // Draws `curves` into `png` with run_gnuplot_script (same errors).
 void plot_losses(const std::vector<LossCurve>& curves, const std::string& png,

@@ -70,7 +70,8 @@ void set_depths(std::vector<TraceSpan>& spans) {
   std::vector<double> open;  // ends of the spans containing the current one
   for (size_t k = 0; k < order.size(); ++k) {
     auto& s = spans[order[k]];
-    if (k > 0 && (spans[order[k - 1]].pid != s.pid || spans[order[k - 1]].tid != s.tid)) open.clear();
+    if (k > 0 && (spans[order[k - 1]].pid != s.pid || spans[order[k - 1]].tid != s.tid))
+      open.clear();
     while (!open.empty() && open.back() <= s.start_us + kEpsUs) open.pop_back();
     s.depth = static_cast<int>(open.size());
     open.push_back(s.end_us);
@@ -108,7 +109,8 @@ int64_t step_number(const json& e, const std::string& name) {
 }
 
 std::string upper_snake(std::string s) {
-  for (char& c : s) c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (char& c : s)
+    c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -125,7 +127,12 @@ std::string base_name(const std::string& path) {
 std::string ms(double us) {
   const double v = us / 1e3;
   char buf[32];
-  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : v >= 1 ? "%.2f" : "%.3f", v);
+  std::snprintf(buf, sizeof(buf),
+                v >= 100  ? "%.0f"
+                : v >= 10 ? "%.1f"
+                : v >= 1  ? "%.2f"
+                          : "%.3f",
+                v);
   return buf;
 }
 
@@ -196,7 +203,8 @@ Trace read_trace(const std::string& path) {
     const json& e = (*events)[i];
     const std::string where = cat("trace file '", path, "': traceEvents[", i, "]");
     FSDP_CHECK(e.is_object(), where, " is not an object", kFix);
-    const std::string ph = e.contains("ph") && e["ph"].is_string() ? e["ph"].get<std::string>() : "";
+    const std::string ph =
+        e.contains("ph") && e["ph"].is_string() ? e["ph"].get<std::string>() : "";
     const std::string name =
         e.contains("name") && e["name"].is_string() ? e["name"].get<std::string>() : "";
     const json args = e.contains("args") && e["args"].is_object() ? e["args"] : json::object();
@@ -250,8 +258,8 @@ PlanTimes read_plan(const std::string& path, const Trace& trace) {
   } catch (const json::exception& e) {
     throw fsdp::Error(cat("plan file '", path, "' is not JSON (", e.what(), ")", fix));
   }
-  FSDP_CHECK(j.is_object() && j.contains("candidates") && j["candidates"].is_array(),
-             "plan file '", path, "' has no \"candidates\" array", fix);
+  FSDP_CHECK(j.is_object() && j.contains("candidates") && j["candidates"].is_array(), "plan file '",
+             path, "' has no \"candidates\" array", fix);
   const std::string want = upper_snake(trace.strategy);
   const std::string label = mesh_label(want, trace.mesh[0], trace.mesh[1]);
   const auto matches = [&](const json& c) {
@@ -436,8 +444,8 @@ struct Chart {
   std::ostringstream boxes, labels;
   std::vector<std::pair<int, std::string>> box_lines;  // (depth, line): outer ones drawn first
   std::set<size_t> categories;
-  double x_max = 1e-9;       // ms
-  double plot_px = 1000;     // the plot area's width, for which labels fit
+  double x_max = 1e-9;    // ms
+  double plot_px = 1000;  // the plot area's width, for which labels fit
 };
 
 // A box with `label` where it fits, else `short_label`.
@@ -498,12 +506,13 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   summary.rows = rows.size();
 
   const RankStep& first = summary.ranks.front();  // rank 0 in a whole trace
-  const double plan_ms = options.plan ? 1e3 * (options.plan->compute_s + options.plan->exposed_s +
-                                                options.plan->update_s)
-                                      : 0;
+  const double plan_ms =
+      options.plan
+          ? 1e3 * (options.plan->compute_s + options.plan->exposed_s + options.plan->update_s)
+          : 0;
   const double measured_ms = (first.compute_us + first.exposed_us + first.update_us) / 1e3;
   Chart c;
-  c.x_max = std::max((w1 - w0) / 1e3, plan_ms) * 1.01;
+  c.x_max = std::max({(w1 - w0) / 1e3, plan_ms, 1e-3}) * 1.01;  // a step of 0 us: still a range
   const int width = 1400;
   c.plot_px = width - 330;
   const double base = options.plan ? 2.5 : 0;  // the plan's two rows below the threads
@@ -525,8 +534,9 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
       // ("block3" of "forward block3"): the color says what the box does.
       const bool leaf = k + 1 == spans.size() || spans[k + 1]->start_us >= s.end_us - kEpsUs;
       const std::string label = leaf && s.cat != "step" ? s.name : "";
-      add_box(c, s.depth, (std::max(s.start_us, w0) - w0) / 1e3, (std::min(s.end_us, w1) - w0) / 1e3,
-              y_of(i), category_of(s.cat), label, label.substr(label.rfind(' ') + 1));
+      add_box(c, s.depth, (std::max(s.start_us, w0) - w0) / 1e3,
+              (std::min(s.end_us, w1) - w0) / 1e3, y_of(i), category_of(s.cat), label,
+              label.substr(label.rfind(' ') + 1));
     }
   }
   std::vector<std::pair<std::string, double>> ytics;
@@ -554,10 +564,10 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
 
   // The title: the step, the run, each rank's exposed communication.
   std::vector<std::string> title;
-  title.push_back(!options.title.empty()
-                      ? options.title
-                      : cat("step ", step, " of ", base_name(trace.path), " (traced steps ",
-                            step_ranges(steps), ")", trace.complete ? "" : ", an incomplete trace"));
+  title.push_back(!options.title.empty() ? options.title
+                                         : cat("step ", step, " of ", base_name(trace.path),
+                                               " (traced steps ", step_ranges(steps), ")",
+                                               trace.complete ? "" : ", an incomplete trace"));
   const RankStep* slowest = &summary.ranks.front();
   for (const auto& r : summary.ranks) {
     if (r.duration_us() > slowest->duration_us()) slowest = &r;
@@ -568,8 +578,8 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   }
   run += cat(", ", summary.ranks.size(), summary.ranks.size() == 1 ? " rank" : " ranks");
   if (trace.world_size > int64_t(summary.ranks.size())) run += cat(" of ", trace.world_size);
-  title.push_back(cat(run, "; slowest rank ", slowest->rank, ": ", ms(slowest->duration_us()),
-                      " ms"));
+  title.push_back(
+      cat(run, "; slowest rank ", slowest->rank, ": ", ms(slowest->duration_us()), " ms"));
   const std::string exposed = "exposed communication (waits / step): ";
   if (!many) {
     std::string line = exposed;
@@ -583,9 +593,10 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
     }
     title.push_back(line);
   } else {
-    const auto [lo, hi] = std::minmax_element(
-        summary.ranks.begin(), summary.ranks.end(),
-        [](const RankStep& a, const RankStep& b) { return a.exposed_fraction() < b.exposed_fraction(); });
+    const auto [lo, hi] = std::minmax_element(summary.ranks.begin(), summary.ranks.end(),
+                                              [](const RankStep& a, const RankStep& b) {
+                                                return a.exposed_fraction() < b.exposed_fraction();
+                                              });
     double sum = 0;
     for (const auto& r : summary.ranks) sum += r.exposed_fraction();
     title.push_back(cat(exposed, "mean ", percent(sum / double(summary.ranks.size())), ", least ",
@@ -597,26 +608,26 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   const int height = std::max(480, static_cast<int>(180 + 16 * title.size() + 30 * n_rows));
   std::ostringstream os;
   os << png_terminal(width, height, png) << "set title ";
-  for (size_t i = 0; i < title.size(); ++i) os << (i ? ".\"\\n\"." : "") << quoted(title[i]);
+  for (size_t i = 0; i < title.size(); ++i)
+    os << (i ? ".\"\\n\"." : "") << gnuplot_quoted(title[i]);
   os << "\nset xlabel "
-     << quoted(cat("ms from the step's earliest start over ranks",
-                   trace.clock_uncertainty_us > 0
-                       ? cat(" (ranks' clocks aligned to rank 0's within +/-",
-                             std::lround(trace.clock_uncertainty_us), " us)")
-                       : ""))
+     << gnuplot_quoted(cat("ms from the step's earliest start over ranks",
+                           trace.clock_uncertainty_us > 0
+                               ? cat(" (ranks' clocks aligned to rank 0's within +/-",
+                                     std::lround(trace.clock_uncertainty_us), " us)")
+                               : ""))
      << "\nset xrange [0:" << c.x_max << "]\nset yrange [-0.6:" << n_rows - 0.4 << "]\n"
      << "set grid x\nset ytics nomirror scale 0 (";
   for (size_t i = 0; i < ytics.size(); ++i) {
     std::string label;  // a tic label is a format: '%' must be "%%"
     for (char ch : ytics[i].first) label += ch == '%' ? std::string("%%") : std::string(1, ch);
-    os << (i ? ", " : "") << quoted(label) << " " << ytics[i].second;
+    os << (i ? ", " : "") << gnuplot_quoted(label) << " " << ytics[i].second;
   }
   os << ")\nset key below horizontal\nset style fill solid 1.0 border lc rgb '#505050'\n";
   int arrow = 0;
   for (double after : rank_separators) {
     os << "set arrow " << ++arrow << " from graph 0, first " << y_of(size_t(after)) + 0.5
-       << " to graph 1, first " << y_of(size_t(after)) + 0.5
-       << " nohead lc rgb '#888888' dt 3\n";
+       << " to graph 1, first " << y_of(size_t(after)) + 0.5 << " nohead lc rgb '#888888' dt 3\n";
   }
   if (options.plan) {
     os << "set arrow " << ++arrow << " from graph 0, first " << base - 0.75 << " to graph 1, first "
@@ -632,7 +643,7 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
   if (!c.labels.str().empty()) os << ", $labels using 1:2:3 with labels font ',8' notitle";
   for (size_t k : c.categories) {
     os << ", keyentry with boxes fc rgb '" << kCategories[k].color << "' title "
-       << quoted(kCategories[k].legend);
+       << gnuplot_quoted(kCategories[k].legend);
   }
   os << "\nunset output\n";
   run_gnuplot_script(os.str(), png);

@@ -21,22 +21,22 @@ struct TraceSpan {
   int64_t tid = 0;      // the thread
   double start_us = 0;  // on rank 0's clock
   double end_us = 0;
-  int depth = 0;        // how many spans of the same thread contain it
-  int64_t step = -1;    // cat "step": its step number ("args": {"step": N})
+  int depth = 0;      // how many spans of the same thread contain it
+  int64_t step = -1;  // cat "step": its step number ("args": {"step": N})
 };
 
 // A trace written by fsdp-train --trace.
 struct Trace {
   std::string path;
-  std::vector<TraceSpan> spans;                                  // every "X" event
-  std::map<int64_t, std::string> process_names;                  // rank -> "rank 1: replica 0, ..."
+  std::vector<TraceSpan> spans;                  // every "X" event
+  std::map<int64_t, std::string> process_names;  // rank -> "rank 1: replica 0, ..."
   std::map<std::pair<int64_t, int64_t>, std::string> thread_names;  // (rank, tid) -> "training"
   // (rank, microseconds, bytes) of every "memory" counter's "rss_bytes".
   std::vector<std::pair<int64_t, std::pair<double, double>>> rss;
-  std::string strategy;       // metadata "strategy" ("" when absent)
-  std::vector<int64_t> mesh;  // metadata "mesh": {replicate, shard} (empty when absent)
-  int64_t world_size = 0;     // metadata "world_size" (0 when absent)
-  bool complete = true;       // false: the metadata says so, or the file was cut short
+  std::string strategy;             // metadata "strategy" ("" when absent)
+  std::vector<int64_t> mesh;        // metadata "mesh": {replicate, shard} (empty when absent)
+  int64_t world_size = 0;           // metadata "world_size" (0 when absent)
+  bool complete = true;             // false: the metadata says so, or the file was cut short
   double clock_uncertainty_us = 0;  // the largest of metadata "clock" "uncertainty_us"
 
   std::vector<int64_t> steps() const;  // the traced step numbers, ascending, each once
@@ -73,9 +73,9 @@ struct RankStep {
 };
 
 struct TimelineOptions {
-  std::optional<int64_t> step;     // default: the middle traced step
-  std::optional<PlanTimes> plan;   // adds the predicted-vs-measured rows
-  std::string title;               // the title's first line; default: the step and the file
+  std::optional<int64_t> step;    // default: the middle traced step
+  std::optional<PlanTimes> plan;  // adds the predicted-vs-measured rows
+  std::string title;              // the title's first line; default: the step and the file
 };
 
 // What plot_timeline drew.
