@@ -190,7 +190,7 @@ TEST(Plot, TraceTimelineOfOneStep) {
                   "+ update 0.500 + other 0.300 ms"))
       << r.output;
 
-  r = run({kPlot, "--trace", trace, "--step", "3", "--title", "Bob's step", "-o",
+  r = run({kPlot, "--trace", trace, "--step", "3", "--title", "Bob's\nstep", "-o",
            dir.file("step3.png")});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(is_png(dir.file("step3.png"))) << r.output;
