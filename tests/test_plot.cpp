@@ -183,11 +183,11 @@ TEST(Plot, TraceTimelineOfOneStep) {
   // Each rank's step as the sample's comment says, waits nested in backward counted once.
   EXPECT_TRUE(has(r,
                   "rank 0: step 7.50 ms = compute 5.80 + exposed communication 0.900 (12.0%) "
-                  "+ update 0.500 + other 0.300 ms; peak RSS 704.0 MiB"))
+                  "+ update 0.500 + rest 0.300 ms; peak RSS 704.0 MiB"))
       << r.output;
   EXPECT_TRUE(has(r,
                   "rank 1: step 7.60 ms = compute 5.80 + exposed communication 1.00 (13.2%) "
-                  "+ update 0.500 + other 0.300 ms"))
+                  "+ update 0.500 + rest 0.300 ms"))
       << r.output;
 
   r = run({kPlot, "--trace", trace, "--step", "3", "--title", "Bob's\nstep", "-o",

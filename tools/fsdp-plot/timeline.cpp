@@ -210,7 +210,6 @@ Trace read_trace(const std::string& path) {
     const json args = e.contains("args") && e["args"].is_object() ? e["args"] : json::object();
     if (ph == "M") {
       if (!is_int(e, "pid") || !args.contains("name") || !args["name"].is_string()) continue;
-      if (name == "process_name") t.process_names[e["pid"]] = args["name"];
       if (name == "thread_name" && is_int(e, "tid")) {
         t.thread_names[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}] = args["name"];
       }
@@ -441,7 +440,7 @@ std::string label_text(std::string s) {
 }
 
 struct Chart {
-  std::ostringstream boxes, labels;
+  std::ostringstream labels;
   std::vector<std::pair<int, std::string>> box_lines;  // (depth, line): outer ones drawn first
   std::set<size_t> categories;
   double x_max = 1e-9;    // ms
@@ -653,11 +652,11 @@ TimelineSummary plot_timeline(const Trace& trace, const TimelineOptions& options
 std::string describe(const TimelineSummary& summary, const std::optional<PlanTimes>& plan) {
   std::ostringstream os;
   for (const auto& r : summary.ranks) {
-    const double other = r.duration_us() - r.compute_us - r.exposed_us - r.update_us;
+    const double rest = r.duration_us() - r.compute_us - r.exposed_us - r.update_us;
     os << "  rank " << r.rank << ": step " << ms(r.duration_us()) << " ms = compute "
        << ms(r.compute_us) << " + exposed communication " << ms(r.exposed_us) << " ("
-       << percent(r.exposed_fraction()) << ") + update " << ms(r.update_us) << " + other "
-       << ms(std::max(0.0, other)) << " ms";
+       << percent(r.exposed_fraction()) << ") + update " << ms(r.update_us) << " + rest "
+       << ms(std::max(0.0, rest)) << " ms";
     if (r.peak_rss_bytes > 0) os << "; peak RSS " << bytes(r.peak_rss_bytes);
     os << "\n";
   }

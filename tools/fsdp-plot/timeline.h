@@ -29,7 +29,6 @@ struct TraceSpan {
 struct Trace {
   std::string path;
   std::vector<TraceSpan> spans;                  // every "X" event
-  std::map<int64_t, std::string> process_names;  // rank -> "rank 1: replica 0, ..."
   std::map<std::pair<int64_t, int64_t>, std::string> thread_names;  // (rank, tid) -> "training"
   // (rank, microseconds, bytes) of every "memory" counter's "rss_bytes".
   std::vector<std::pair<int64_t, std::pair<double, double>>> rss;
@@ -62,7 +61,7 @@ PlanTimes read_plan(const std::string& path, const Trace& trace);
 
 // One rank's step, measured on its training thread. Each instant of the step counts once:
 // inside a wait span (outermost) as exposed communication, else as the innermost span's
-// category: compute, optimizer (update), or other (data, loss, eval, checkpoint, untraced time).
+// category: compute, optimizer (update), or the rest (data, loss, eval, checkpoint, gaps).
 struct RankStep {
   int64_t rank = 0;
   double start_us = 0, end_us = 0;
