@@ -220,6 +220,23 @@ TEST(Plot, TraceTimelineOfOneStep) {
   EXPECT_TRUE(has(r, ": 1 rank, 2 thread rows)")) << r.output;
   EXPECT_TRUE(has(r, "  not drawn: rank 1: no step 3 in the trace")) << r.output;
 
+  // A partial trace a failing run wrote (fsdp::Trace::write_partial): drawn, with its reason;
+  // its clock as {"ranks": [{"offset_us", "uncertainty_us"}, ...]}.
+  json failed = sample_trace();
+  failed["metadata"]["complete"] = false;
+  failed["metadata"]["error"] = "rank 1 exited with status 1";
+  failed["metadata"]["clock"] = {
+      {"reference", "rank 0"},
+      {"ranks",
+       {{{"offset_us", 0}, {"uncertainty_us", 0}}, {{"offset_us", 12.5}, {"uncertainty_us", 8}}}}};
+  write_file(dir.file("failed.json"), failed.dump());
+  r = run({kPlot, "--trace", dir.file("failed.json"), "-o", dir.file("failed.png")});
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(has(r, "fsdp-plot: warning: " + dir.file("failed.json") +
+                         " is incomplete (rank 1 exited with status 1); drawing what it has"))
+      << r.output;
+  EXPECT_TRUE(is_png(dir.file("failed.png"))) << r.output;
+
   // A trace the run did not finish writing: drawn up to its last whole event, with a warning.
   const std::string text = sample_trace().dump();
   write_file(dir.file("cut.json"), text.substr(0, text.find("\"step 4\"") + 200));

@@ -23,8 +23,9 @@ int draw_timeline(const std::string& trace_path, const std::string& output,
   fsdp_plot::TimelineOptions options = given;
   const fsdp_plot::Trace trace = fsdp_plot::read_trace(trace_path);
   if (!trace.complete) {
-    std::cerr << "fsdp-plot: warning: " << trace_path
-              << " is incomplete (the run did not finish writing it); drawing what it has\n";
+    std::cerr << "fsdp-plot: warning: " << trace_path << " is incomplete ("
+              << (trace.error.empty() ? "the run did not finish writing it" : trace.error)
+              << "); drawing what it has\n";
   }
   if (!plan_path.empty()) options.plan = fsdp_plot::read_plan(plan_path, trace);
   const auto summary = fsdp_plot::plot_timeline(trace, options, output);

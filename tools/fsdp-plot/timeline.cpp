@@ -90,18 +90,29 @@ void read_metadata(const json& m, Trace& t) {
   if (m.contains("complete") && m["complete"].is_boolean() && !m["complete"].get<bool>()) {
     t.complete = false;
   }
-  if (m.contains("clock") && m["clock"].is_object() && m["clock"].contains("uncertainty_us") &&
-      m["clock"]["uncertainty_us"].is_array()) {
-    for (const auto& u : m["clock"]["uncertainty_us"]) {
-      if (u.is_number()) t.clock_uncertainty_us = std::max(t.clock_uncertainty_us, u.get<double>());
+  if (m.contains("error") && m["error"].is_string()) t.error = m["error"];
+  // "clock": {"uncertainty_us": [...]} or {"ranks": [{"uncertainty_us": u}, ...]}.
+  const json clock = m.contains("clock") && m["clock"].is_object() ? m["clock"] : json::object();
+  std::vector<json> uncertainties;
+  if (clock.contains("uncertainty_us") && clock["uncertainty_us"].is_array()) {
+    for (const auto& u : clock["uncertainty_us"]) uncertainties.push_back(u);
+  }
+  if (clock.contains("ranks") && clock["ranks"].is_array()) {
+    for (const auto& r : clock["ranks"]) {
+      if (r.is_object() && r.contains("uncertainty_us"))
+        uncertainties.push_back(r["uncertainty_us"]);
     }
+  }
+  for (const auto& u : uncertainties) {
+    if (u.is_number()) t.clock_uncertainty_us = std::max(t.clock_uncertainty_us, u.get<double>());
   }
 }
 
 // The step number of a "step" event: "args": {"step": N}, else its name "step N".
 int64_t step_number(const json& e, const std::string& name) {
-  if (e.contains("args") && e["args"].is_object() && is_int(e["args"], "step")) {
-    return e["args"]["step"].get<int64_t>();
+  if (e.contains("args") && e["args"].is_object() && is_num(e["args"], "step")) {
+    const double n = e["args"]["step"].get<double>();  // 4 or 4.0
+    if (n >= 0 && n == std::floor(n)) return static_cast<int64_t>(n);
   }
   long long n = -1;
   char rest = 0;

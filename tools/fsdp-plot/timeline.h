@@ -28,7 +28,7 @@ struct TraceSpan {
 // A trace written by fsdp-train --trace.
 struct Trace {
   std::string path;
-  std::vector<TraceSpan> spans;                  // every "X" event
+  std::vector<TraceSpan> spans;                                     // every "X" event
   std::map<std::pair<int64_t, int64_t>, std::string> thread_names;  // (rank, tid) -> "training"
   // (rank, microseconds, bytes) of every "memory" counter's "rss_bytes".
   std::vector<std::pair<int64_t, std::pair<double, double>>> rss;
@@ -36,6 +36,7 @@ struct Trace {
   std::vector<int64_t> mesh;        // metadata "mesh": {replicate, shard} (empty when absent)
   int64_t world_size = 0;           // metadata "world_size" (0 when absent)
   bool complete = true;             // false: the metadata says so, or the file was cut short
+  std::string error;                // metadata "error": why the run wrote a partial trace
   double clock_uncertainty_us = 0;  // the largest of metadata "clock" "uncertainty_us"
 
   std::vector<int64_t> steps() const;  // the traced step numbers, ascending, each once
