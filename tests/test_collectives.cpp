@@ -134,6 +134,32 @@ TEST(Collectives, Bf16OnEveryWorldSize) {
   }
 }
 
+// NOTE [ring buffers]: rings run in segments of 8 MiB per chunk; a buffer of several segments
+// per chunk, with chunks of unequal length (the bf16 all-reduce) and a last, short segment,
+// sums exactly.
+TEST(Collectives, RingsOverSeveralSegments) {
+  const int64_t W = 3, n = 5'000'001;  // ~19 MiB of floats per rank: 3 segments
+  run_ranks(W, [&](Runtime& rt) {
+    auto& g = *rt.world();
+    const int64_t r = rt.rank();
+    auto value = [](int64_t q, int64_t numel) {
+      return (at::arange(numel, at::kLong).remainder(7) + q).to(at::kFloat);
+    };
+    // bf16: Gloo cannot sum it, so it takes the ring (small integers: exact in bf16).
+    const int64_t m = 3 * n + 1;  // ~10 MiB of bf16 per chunk (one a bit longer): 2 segments
+    at::Tensor t = value(r, m).to(at::kBFloat16);
+    g.all_reduce(t)->wait();
+    at::Tensor expect = at::zeros({m});
+    for (int64_t q = 0; q < W; ++q) expect += value(q, m);
+    ASSERT_TRUE(t.to(at::kFloat).equal(expect)) << "bf16 all_reduce of " << m << " over " << W;
+    at::Tensor shard = at::empty({n - 1});
+    g.reduce_scatter(shard, value(r, W * (n - 1)))->wait();
+    at::Tensor sum = at::zeros({W * (n - 1)});
+    for (int64_t q = 0; q < W; ++q) sum += value(q, W * (n - 1));
+    ASSERT_TRUE(shard.equal(sum.narrow(0, r * (n - 1), n - 1))) << "reduce_scatter, rank " << r;
+  });
+}
+
 TEST(Collectives, CountersAndChaining) {
   run_ranks(4, [&](Runtime& rt) {
     auto& g = *rt.world();

@@ -118,7 +118,7 @@ class Trace {
   int64_t offset_ns_ = 0, uncertainty_ns_ = 0;
   int64_t key_ = 0;           // this trace's store prefix number
   int32_t training_tid_ = -1;
-  int64_t step_ = 0, step_start_ns_ = -1;
+  int64_t step_ = 0, step_start_ns_ = -1, step_faults_ = 0;
   bool finished_ = false;
 };
 

@@ -1,6 +1,7 @@
 // The recording side of fsdp::Trace (see trace_sink.h).
 #include "base/trace_sink.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +129,7 @@ TraceSpan::TraceSpan(TraceSlot* slot, const char* category, std::string_view nam
   slot_ = slot;
   event_.category = category;
   event_.set_name(name, name_more);
+  faults_ = thread_minor_faults();
   event_.start_ns = slot->now();
 }
 
@@ -144,6 +146,7 @@ TraceSpan& TraceSpan::arg(const char* key, std::string_view text) {
 void TraceSpan::end() {
   if (!slot_) return;
   event_.duration_ns = slot_->now() - event_.start_ns;
+  event_.add("minor_faults", double(thread_minor_faults() - faults_));
   slot_->record(event_);
   slot_ = nullptr;
 }
@@ -167,6 +170,11 @@ int64_t resident_bytes() {
   const int n = std::fscanf(f, "%lld %lld", &size, &resident);
   std::fclose(f);
   return n == 2 ? resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+int64_t thread_minor_faults() {
+  struct rusage u {};
+  return ::getrusage(RUSAGE_THREAD, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
 }
 
 }  // namespace fsdp::detail

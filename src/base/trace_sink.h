@@ -117,6 +117,7 @@ class TraceSpan {
 
  private:
   TraceSlot* slot_ = nullptr;
+  int64_t faults_ = 0;
   TraceEvent event_;
 };
 
@@ -126,5 +127,9 @@ void trace_counter(TraceSlot* slot, const char* name,
 
 // Resident set size of this process in bytes (/proc/self/statm), for the memory counter.
 int64_t resident_bytes();
+// Minor page faults of the calling thread so far (getrusage RUSAGE_THREAD): every span records
+// the faults its thread took inside it ("minor_faults"), which says which part of a step
+// touches fresh memory.
+int64_t thread_minor_faults();
 
 }  // namespace fsdp::detail

@@ -197,15 +197,7 @@ class C10dGroup final : public Group {
         backend_->allreduce(ts)->wait();
         return;
       }
-      // Ring reduce-scatter then all-gather: the bandwidth-optimal all-reduce, with the sums done
-      // locally in the tensor's own dtype and only bytes on the wire.
-      const int64_t S = size(), n = tensor.numel(), chunk = (n + S - 1) / S;
-      at::Tensor padded = at::zeros({chunk * S}, tensor.options());
-      padded.narrow(0, 0, n).copy_(tensor.view({-1}));
-      at::Tensor mine = at::empty({chunk}, tensor.options());
-      ring_reduce_scatter(mine, padded);
-      gather_into(transport(padded), transport(mine));
-      tensor.view({-1}).copy_(padded.narrow(0, 0, n));
+      ring_all_reduce(tensor);
     });
   }
 
@@ -341,6 +333,54 @@ class C10dGroup final : public Group {
       }
     }
     if (aliased) out.copy_(sum);
+  }
+
+  // Ring all-reduce in place: a ring reduce-scatter, then a ring all-gather, over the tensor's
+  // S nearly equal chunks, in segments of at most kRingSegmentBytes per chunk. At reduce step t
+  // rank r sends chunk (r-t) mod S and adds what arrives into chunk (r-t-1) mod S; after S-1
+  // steps it holds the whole sum of chunk (r+1) mod S, which the all-gather passes on around the
+  // ring (step t: send chunk (r+1-t), receive chunk (r-t) in place). Each sum is made on one
+  // rank and copied to the others, so every rank ends with the same bits; the sums are local,
+  // in the tensor's dtype. For what Gloo cannot sum (bf16); nothing is allocated per call
+  // (NOTE [ring buffers]), where the padded copies it replaces took the tensor's size twice.
+  void ring_all_reduce(const at::Tensor& tensor) {
+    const int64_t S = size(), r = rank();
+    if (S == 1) return;
+    at::Tensor flat = tensor.view({-1});
+    const int64_t n = flat.numel(), base = n / S, extra = n % S;
+    auto begin_of = [&](int64_t c) { return c * base + std::min(c, extra); };
+    auto size_of = [&](int64_t c) { return base + (c < extra ? 1 : 0); };
+    auto mod = [&](int64_t c) { return ((c % S) + S) % S; };
+    const int64_t seg = std::max<int64_t>(1, kRingSegmentBytes / flat.element_size());
+    const int64_t longest = size_of(0);
+    if (longest == 0) return;
+    at::Tensor staging = staging_for(std::min(seg, longest), flat.scalar_type());
+    const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
+    int tag = 0;
+    // One exchange with the neighbours; a side with nothing in this segment sends or takes
+    // nothing, which its peer knows from the same chunk sizes.
+    auto exchange = [&](const at::Tensor& out, const at::Tensor& in) {
+      std::vector<at::Tensor> s{transport(out)}, q{transport(in)};
+      c10::intrusive_ptr<c10d::Work> sw, rw;
+      if (out.numel() > 0) sw = backend_->send(s, next, tag);
+      if (in.numel() > 0) rw = backend_->recv(q, prev, tag);
+      ++tag;
+      if (rw) rw->wait();
+      if (sw) sw->wait();
+    };
+    for (int64_t a = 0; a < longest; a += seg) {
+      auto piece = [&](int64_t c) {
+        const int64_t len = std::clamp<int64_t>(size_of(c) - a, 0, seg);
+        return flat.narrow(0, begin_of(c) + std::min(a, size_of(c)), len);
+      };
+      for (int64_t t = 0; t < S - 1; ++t) {
+        at::Tensor into = piece(mod(r - t - 1));
+        at::Tensor got = staging.narrow(0, 0, into.numel());
+        exchange(piece(mod(r - t)), got);
+        into.add_(got);
+      }
+      for (int64_t t = 0; t < S - 1; ++t) exchange(piece(mod(r + 1 - t)), piece(mod(r - t)));
+    }
   }
 
   static bool overlaps(const at::Tensor& a, const at::Tensor& b) {

@@ -63,11 +63,12 @@ at::Tensor cast_input(Engine* e, const at::Tensor& t) { return e->cast_input(t);
 // ---------------------------------------------------------------------------------------------
 // Trace events (NOTE [unit events])
 
-void Engine::trace_begin(int64_t& start) const {
+void Engine::trace_begin(int64_t& start, int64_t& faults) const {
   start = trace_ && trace_->on() ? trace_->now() : -1;
+  if (start >= 0) faults = thread_minor_faults();
 }
 
-void Engine::trace_end(const char* what, UnitState& u, int64_t& start) {
+void Engine::trace_end(const char* what, UnitState& u, int64_t& start, int64_t faults) {
   if (start < 0) return;
   TraceEvent e;
   e.category = "compute";
@@ -75,6 +76,7 @@ void Engine::trace_end(const char* what, UnitState& u, int64_t& start) {
   e.start_ns = start;
   e.duration_ns = trace_->now() - start;
   e.add("unit", display(u.name));
+  e.add("minor_faults", double(thread_minor_faults() - faults));
   start = -1;
   trace_->record(e);
   trace_counter(trace_, "memory", {{"rss_bytes", double(resident_bytes())},
@@ -203,7 +205,7 @@ void Engine::root_pre_forward() {
   order_.clear();
   in_forward_ = true;
   UnitState& root = *units_[0];
-  trace_begin(root.forward_start_ns);
+  trace_begin(root.forward_start_ns, root.forward_faults);
   unshard(root);
   if (strategy_.forward_prefetch()) {
     if (UnitState* next = unit_after_in_forward(0)) unshard(*next);
@@ -213,7 +215,8 @@ void Engine::root_pre_forward() {
 
 void Engine::root_post_forward(const std::vector<at::Tensor>& outputs) {
   in_forward_ = false;
-  trace_end("forward", *units_[0], units_[0]->forward_start_ns);
+  UnitState& root = *units_[0];
+  trace_end("forward", root, root.forward_start_ns, root.forward_faults);
   prev_order_ = order_;
   bool armed = false;
   if (torch::GradMode::is_enabled()) {
@@ -235,7 +238,7 @@ void Engine::pre_forward(UnitState& u) {
   FSDP_CHECK(in_forward_, "fsdp unit '", display(u.name), "' ran outside the sharded model's "
              "forward; call the ShardedModule returned by fsdp::shard, not the inner module");
   order_.push_back(u.index);
-  trace_begin(u.forward_start_ns);
+  trace_begin(u.forward_start_ns, u.forward_faults);
   unshard(u);
   if (strategy_.forward_prefetch()) {
     // Issue the next unit's all-gather before waiting for ours: both overlap this compute.
@@ -267,7 +270,7 @@ void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) 
     reshard(u);
     if (u.frozen) reshard(*u.frozen);
   }
-  trace_end("forward", u, u.forward_start_ns);
+  trace_end("forward", u, u.forward_start_ns, u.forward_faults);
 }
 
 void Engine::check_requires_grad() const {
@@ -335,10 +338,12 @@ void Engine::pre_backward(UnitState& u) {
   if (u.pre_backward_done) return;
   u.pre_backward_done = true;
   if (u.index != 0) {
-    if (open_backward_) trace_end("backward", *open_backward_, open_backward_->backward_start_ns);
+    if (UnitState* open = open_backward_) {
+      trace_end("backward", *open, open->backward_start_ns, open->backward_faults);
+    }
     open_backward_ = &u;
   }
-  trace_begin(u.backward_start_ns);
+  trace_begin(u.backward_start_ns, u.backward_faults);
   settle_finished_reduces();
   unshard(u);
   if (strategy_.backward_prefetch()) {
@@ -386,7 +391,7 @@ void Engine::post_backward(UnitState& u) {
   if (u.trainable && u.flat_grad.defined()) reduce_grad(u);
   settle_finished_reduces();
   if (open_backward_ == &u) {
-    trace_end("backward", u, u.backward_start_ns);
+    trace_end("backward", u, u.backward_start_ns, u.backward_faults);
     open_backward_ = nullptr;
   }
 }
@@ -492,9 +497,12 @@ void Engine::finalize_backward() {
   }
   pool_.trim();  // buffers no step used since the last trim go back to the system
   grad_pool_.trim();
-  if (open_backward_) trace_end("backward", *open_backward_, open_backward_->backward_start_ns);
+  if (UnitState* open = open_backward_) {
+    trace_end("backward", *open, open->backward_start_ns, open->backward_faults);
+  }
   open_backward_ = nullptr;
-  trace_end("backward", *units_[0], units_[0]->backward_start_ns);
+  UnitState& root = *units_[0];
+  trace_end("backward", root, root.backward_start_ns, root.backward_faults);
 }
 
 

@@ -120,6 +120,7 @@ struct UnitState {
   int64_t inputs_pending = 0;
   // Trace (fsdp/trace.h): when this unit's open forward / backward event began; -1 none open.
   int64_t forward_start_ns = -1, backward_start_ns = -1;
+  int64_t forward_faults = 0, backward_faults = 0;  // the thread's minor faults at those starts
 };
 
 // How collectives name a flat (CollectiveCall::what): "unit 'blocks.3'", "unit '(root)'", and
@@ -253,8 +254,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // last gradient of this one arrives), so that one thread's events nest and never overlap.
   TraceSlot* trace_ = nullptr;
   UnitState* open_backward_ = nullptr;
-  void trace_begin(int64_t& start) const;
-  void trace_end(const char* what, UnitState& u, int64_t& start);
+  void trace_begin(int64_t& start, int64_t& faults) const;
+  void trace_end(const char* what, UnitState& u, int64_t& start, int64_t faults);
   BufferPool pool_;      // NOTE [buffer pool]: gathered flats and unsharded gradients
   // NOTE [gradient pool]
   // The reduce-scatter's outputs become the shards' .grad, which the training loop frees

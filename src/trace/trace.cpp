@@ -135,6 +135,7 @@ void Trace::begin_step(int64_t step) {
     slot_->set_on(true);
   }
   step_start_ns_ = slot_->on() ? slot_->now() : -1;
+  if (step_start_ns_ >= 0) step_faults_ = detail::thread_minor_faults();
 }
 
 void Trace::end_step() {
@@ -145,6 +146,7 @@ void Trace::end_step() {
     e.start_ns = step_start_ns_;
     e.duration_ns = slot_->now() - step_start_ns_;
     e.add("step", double(step_));
+    e.add("minor_faults", double(detail::thread_minor_faults() - step_faults_));
     slot_->record(e);
   }
   step_start_ns_ = -1;
