@@ -67,7 +67,7 @@ def shown(args):
         if skip:
             skip = False
             continue
-        if a in ("--json", "--metrics", "--quiet"):
+        if a in ("--json", "--metrics", "--quiet", "--trace", "--trace-steps"):
             skip = a != "--quiet"
             continue
         out.append(os.path.relpath(a, ROOT) if a.startswith(ROOT + "/") else a)

@@ -284,7 +284,7 @@ def step_cost_section(c):
         key = (r["world"], r["strategy"])
         if key not in seen:
             seen.append(key)
-    for world, strategy in sorted(seen):
+    for world, strategy in sorted(seen, key=lambda k: (k[0], k[1] != "no_shard", k[1])):
         mine = [r for r in rows if (r["world"], r["strategy"]) == (world, strategy)]
         ratios = [r["median_step_s"] / base[(world, r["round"])] for r in mine
                   if (world, r["round"]) in base]
