@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/memory.h"
 #include "fsdp/deferred_init.h"
 #include "fsdp/error.h"
 #include "fsdp/report.h"
@@ -195,16 +196,14 @@ INSTANTIATE_TEST_SUITE_P(Meshes, BitIdentical, ::testing::ValuesIn(cases()),
 
 // ---------------------------------------------------------------------------------------------
 // Memory: 16 units of 16 MiB. Each rank builds holding the RNG lock, so no other rank allocates
-// meanwhile; the blocks' constructors sample the heap in use (mallinfo2: live malloc'ed bytes,
-// heap and mmap'ed). Deferred, it never exceeds one unit + the shards so far + a small margin;
-// eager it would reach the whole 256 MiB model.
+// meanwhile; the blocks' constructors sample the process's anonymous resident memory (the
+// units' values and the shards live in mappings of their own, outside malloc: NOTE [deferred
+// heap], NOTE [mapped shards]). Deferred, it never exceeds one unit + the shards so far + a
+// small margin; eager it would reach the whole 256 MiB model.
 
 std::atomic<int64_t> g_heap_base{0}, g_heap_peak{0};
 
-int64_t heap_in_use() {
-  const struct mallinfo2 mi = mallinfo2();
-  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
-}
+int64_t heap_in_use() { return fsdp::process_memory().rss_anon; }
 
 struct BigBlockImpl : torch::nn::Module {
   explicit BigBlockImpl(int64_t d) {

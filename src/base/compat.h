@@ -14,6 +14,8 @@
 // - CUDA (FSDP_WITH_CUDA, set where the libtorch found has CUDA): the NCCL header needs
 //   USE_C10D_NCCL; the caching allocator's DeviceStats type moved to c10::CachingDeviceAllocator
 //   in 2.x (cuda_allocated_bytes reads both). Only CUDA builds compile these.
+// - c10::Allocator's allocate() lost its const and gained a pure virtual copy_data in 2.3
+//   (FSDP_ALLOCATE_CONST, FSDP_ALLOCATOR_COPY_DATA).
 // Nothing outside this file tests TORCH_VERSION_*.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <c10/util/string_utils.h>
 #include <torch/version.h>
 
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -36,6 +39,19 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#endif
+
+// c10::Allocator: allocate() is const until 2.2 and not from 2.3 on, which also adds the pure
+// virtual copy_data (engine/deferred_heap.cpp implements one).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define FSDP_ALLOCATE_CONST
+#define FSDP_ALLOCATOR_COPY_DATA                                                   \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { \
+    std::memcpy(dest, src, count);                                                 \
+  }
+#else
+#define FSDP_ALLOCATE_CONST const
+#define FSDP_ALLOCATOR_COPY_DATA
 #endif
 
 namespace fsdp::compat {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "engine/deferred_init_internal.h"
 #include "runtime/strategy_internal.h"
 #include "base/mapped_tensor.h"
+#include "engine/deferred_heap.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
@@ -134,6 +136,7 @@ struct DeferredInit::State {
   int64_t shard_size = 1, shard_rank = 0;
   bool active = false;
   Stats stats;
+  std::optional<detail::DeferredHeapScope> heap;  // NOTE [deferred heap], while active on CPU
 };
 
 DeferredInit::DeferredInit(FSDPStrategy strategy, std::shared_ptr<Runtime> runtime) {
@@ -146,6 +149,7 @@ DeferredInit::DeferredInit(FSDPStrategy strategy, std::shared_ptr<Runtime> runti
   s->shard_size = s->plan.shard_size();
   s->shard_rank = s->plan.layout.coordinate_of(s->runtime->rank()).back();
   s->active = true;
+  if (s->runtime->device().is_cpu()) s->heap.emplace();
   state_ = std::move(s);
   detail::current = state_.get();
 }
@@ -155,6 +159,7 @@ DeferredInit::~DeferredInit() { finish(); }
 void DeferredInit::finish() {
   if (!state_->active) return;
   state_->active = false;
+  state_->heap.reset();
   if (detail::current == state_.get()) detail::current = nullptr;
 }
 
