@@ -30,6 +30,9 @@ ResumeChoice choose_resume(const std::vector<fsdp::CheckpointEntry>& entries,
     if (it->status == fsdp::CheckpointStatus::kPartial) continue;  // a crash mid-save: by design
     if (it->status == fsdp::CheckpointStatus::kComplete) {
       choice.path = it->path;
+      for (auto o = std::next(it); fallback && o != entries.rend(); ++o) {
+        if (o->status == fsdp::CheckpointStatus::kComplete) choice.older.push_back(o->path);
+      }
       return choice;
     }
     if (!fallback) {

@@ -105,6 +105,8 @@ class Trainer {
   fsdp::AsyncCheckpointer saver_;
   bool staging_reserved_ = false;  // saver_.reserve() called (after the first step run)
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
+  // Checkpoints --resume-fallback skipped as damaged (a checksum): never pruned as complete.
+  std::vector<std::string> damaged_;
   Progress progress_;
   int64_t first_step_ = 0;
   int stopped_by_ = 0;  // the signal every rank stopped on (NOTE [preemption])
