@@ -7,7 +7,10 @@
 // (the whole set for every valid meta.json the fuzzer reaches).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,19 @@ inline std::vector<ManifestMutation> manifest_mutations(const nlohmann::ordered_
     out.push_back({kind, what, std::move(m)});
   };
   if (!meta.is_object()) return out;
+  // Files some chunk or the RNG refers to: a listed file nothing refers to holds no state, and
+  // neither does a tensor without chunks (no elements): removing them loses nothing (a load
+  // still finds the tensor missing against its model).
+  std::set<std::string> used;
+  if (meta.contains("rng") && meta["rng"].is_object()) used.insert(meta["rng"].value("file", ""));
+  if (meta.contains("tensors") && meta["tensors"].is_array()) {
+    for (const auto& t : meta["tensors"]) {
+      if (!t.is_object() || !t.contains("chunks") || !t["chunks"].is_array()) continue;
+      for (const auto& c : t["chunks"]) {
+        if (c.is_object() && c.contains("file") && c["file"].is_string()) used.insert(c["file"]);
+      }
+    }
+  }
   std::vector<std::string> files;
   if (meta.contains("files") && meta["files"].is_array()) {
     const json& fs = meta["files"];
@@ -35,8 +51,10 @@ inline std::vector<ManifestMutation> manifest_mutations(const nlohmann::ordered_
       const std::string name = fs[k].value("name", std::string("?"));
       files.push_back(name);
       json m = meta;
-      m["files"].erase(m["files"].begin() + static_cast<std::ptrdiff_t>(k));
-      add("remove", "remove files[" + std::to_string(k) + "] (" + name + ")", std::move(m));
+      if (used.count(name)) {
+        m["files"].erase(m["files"].begin() + static_cast<std::ptrdiff_t>(k));
+        add("remove", "remove files[" + std::to_string(k) + "] (" + name + ")", std::move(m));
+      }
       m = meta;
       m["files"].insert(m["files"].begin() + static_cast<std::ptrdiff_t>(k), fs[k]);
       add("duplicate", "duplicate files[" + std::to_string(k) + "] (" + name + ")", std::move(m));
@@ -56,8 +74,10 @@ inline std::vector<ManifestMutation> manifest_mutations(const nlohmann::ordered_
         return m;
       };
       json m = meta;
-      m["tensors"].erase(m["tensors"].begin() + static_cast<std::ptrdiff_t>(i));
-      add("remove", "remove " + at, std::move(m));
+      if (t.contains("chunks") && t["chunks"].is_array() && !t["chunks"].empty()) {
+        m["tensors"].erase(m["tensors"].begin() + static_cast<std::ptrdiff_t>(i));
+        add("remove", "remove " + at, std::move(m));
+      }
       m = meta;
       m["tensors"].insert(m["tensors"].begin() + static_cast<std::ptrdiff_t>(i), t);
       add("duplicate", "duplicate " + at, std::move(m));
