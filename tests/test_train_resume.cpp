@@ -242,7 +242,7 @@ TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
   const std::string dir = copy_of(tmp, "ck", {2, 4});
   auto r = run({kTrain, "--check-checkpoint", dir + "/step-00000004"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (every file's size and CRC-32C checked)"),
+  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (meta.json complete, every file's size and CRC-32C checked)"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 4, format 2, FULL_SHARD on mesh (1, 2), world 2, optimizer adamw, "
                           "RNG saved"),
