@@ -19,6 +19,10 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
            against PyTorch eager (bench/gpt2_peer.py) from the same llm.c model file and tokens,
            one process and W = 2, PyTorch 1.13 and 2.6; peak RSS and sharded state per rank of
            every strategy at W = 2 and 4.
+  stepcost GPT-2 124M (B = 4, T = 64): each strategy's step time against NO_SHARD at the same W
+           (FULL_SHARD and SHARD_GRAD_OP at W = 2, HYBRID_SHARD (2, 2) at W = 4), 3 alternated
+           rounds, with the minor page faults per steady step; --trace's cost on the medium GPT at
+           W = 4; one traced FULL_SHARD step drawn by fsdp-plot --trace (the timeline picture).
   checkpoint  sharded save and load of the medium GPT with AdamW at W = 4 against `dd conv=fsync`
            and `cat` of the same bytes (reads with the page cache dropped, root only, and warm);
            async saves: time training is blocked per save against a memcpy of the staging bytes,
@@ -898,6 +902,64 @@ def checkpoint_io(r, results, quick):
 
 # ---------------------------------------------------------------------------------------------
 
+def steady(res, after=3):
+    """Median step time and minor faults of the steps after `after` (the first steps allocate)."""
+    rest = res["steps"][after:] or res["steps"][-1:]
+    return (median([s["step_time_s"] for s in rest]),
+            median([s.get("minor_faults", float("nan")) for s in rest]))
+
+
+def step_cost(r, results, quick):
+    """What each strategy costs against NO_SHARD on GPT-2 (issue 39), the trace's own cost, and
+    the timeline of one FULL_SHARD step."""
+    shape = ["--layers", "2", "--d-model", "64", "--heads", "4"] if quick else []
+    steps, rounds, batch, seq = (5, 1, 4, 64) if quick else (8, 3, 4, 64)
+    tokens = os.path.join(r.work, "gpt2_tokens.bin")
+    write_llmc_tokens(tokens, 1 << 16, 50257, 24)
+    extra = shape + ["--data", tokens] + GPT2_LLMC
+    configs = [(2, "no_shard"), (2, "full_shard"), (2, "shard_grad_op"), (4, "no_shard"),
+               (4, "hybrid_shard")]
+    rows = []
+    for rnd in range(rounds):
+        for world, strategy in (configs if rnd % 2 == 0 else configs[::-1]):
+            log(f"stepcost: round {rnd + 1}/{rounds} W={world} {strategy}")
+            res = r.fsdp("gpt2", steps, batch, seq, world, strategy, extra=extra)
+            step_s, faults = steady(res)
+            rows.append({"round": rnd, "world": world, "strategy": strategy, "mesh": res["plan"]["mesh"],
+                         "median_step_s": step_s, "minor_faults": faults,
+                         "step_times": res["step_times"],
+                         "faults": [s.get("minor_faults") for s in res["steps"]],
+                         "command": res["command"]})
+    # The trace's cost: the medium GPT at W = 4, FULL_SHARD, with and without --trace over the
+    # same steady steps, alternated.
+    tsteps = 4 if quick else 8
+    model, tbatch, tseq = ("tiny", 8, 32) if quick else ("medium", 16, 128)
+    overhead = []
+    trace_file = os.path.join(r.work, "overhead.json")
+    for rnd in range(rounds):
+        for traced in ((False, True) if rnd % 2 == 0 else (True, False)):
+            log(f"stepcost: trace overhead round {rnd + 1}/{rounds} traced={traced}")
+            flags = ["--trace", trace_file, "--trace-steps", f"3:{tsteps}"] if traced else []
+            res = r.fsdp(model, tsteps, tbatch, tseq, 4, "full_shard", extra=flags)
+            overhead.append({"round": rnd, "traced": traced, "median_step_s": steady(res)[0],
+                             "command": res["command"]})
+    # The picture: one GPT-2 FULL_SHARD run at W = 2, steps 4 to 5 traced, step 5 drawn.
+    out_dir = os.path.join(r.out, "docs", "bench")
+    trace = os.path.join(r.work, "timeline.json")
+    res = r.fsdp("gpt2", 6, batch, seq, 2, "full_shard",
+                 extra=extra + ["--trace", trace, "--trace-steps", "4:5"])
+    exposed = re.search(r"exposed communication\s+(.*) of the step", res["output"])
+    timeline = {"command": res["command"], "exposed": exposed.group(1) if exposed else None}
+    png = os.path.join(out_dir, "timeline-gpt2-full-shard.png")
+    plot = subprocess.run([os.path.join(r.build, "fsdp-plot"), "--trace", trace, "--step", "5",
+                           "-o", png], capture_output=True, text=True)
+    timeline["png"] = os.path.basename(png) if plot.returncode == 0 else None
+    timeline["plot_error"] = plot.stderr.strip() if plot.returncode else None
+    results["step_cost"] = {"shape": shape, "steps": steps, "rounds": rounds, "batch": batch,
+                            "seq_len": seq, "rows": rows, "trace_overhead": overhead,
+                            "trace_model": [model, tbatch, tseq, tsteps], "timeline": timeline}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -905,7 +967,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
     ap.add_argument("--sections",
                     default="peers,peers26,scaling,memory,beyond,construction,checkpoint,gpt2,"
-                            "planner")
+                            "stepcost,planner")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -929,10 +991,11 @@ def main():
 
     with tempfile.TemporaryDirectory() as work:
         r = Runner(build, work, args.quick)
+        r.out = args.out
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
                          ("memory", memory_headline), ("beyond", beyond_one_rank),
                          ("construction", construction_cost), ("checkpoint", checkpoint_io),
-                         ("gpt2", gpt2), ("planner", planner)):
+                         ("gpt2", gpt2), ("stepcost", step_cost), ("planner", planner)):
             if name in sections:
                 began, load = time.time(), os.getloadavg()[0]
                 fn(r, results, args.quick)

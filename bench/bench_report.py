@@ -16,7 +16,8 @@ NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "BENCHMARKS.not
 # bench.py's section names and the key each leaves in results.json.
 SECTION_KEYS = {"peers": "peers", "peers26": "peers_26", "scaling": "scaling_model",
                 "memory": "memory", "beyond": "beyond", "construction": "construction",
-                "checkpoint": "checkpoint", "gpt2": "gpt2", "planner": "planner"}
+                "checkpoint": "checkpoint", "gpt2": "gpt2", "stepcost": "step_cost",
+                "planner": "planner"}
 
 def med(xs):
     xs = [x for x in xs if x == x]
@@ -258,6 +259,66 @@ def gpt2_section(g):
     md += [f"Rerun: `bench/bench.py --sections gpt2 --merge` (fsdp: `{cmd}`; PyTorch: "
            f"`{peer}`; the token file is {1 << 16} pseudo-random ids, the model file "
            "fsdp-train's `--export-llmc` after one step).", ""]
+    return md
+
+
+def step_cost_section(c):
+    """Each strategy against NO_SHARD on GPT-2, faults per step, the trace's cost, the timeline."""
+    b, t = c["batch"], c["seq_len"]
+    name = "GPT-2 124M" if not c["shape"] else "GPT-2 " + " ".join(c["shape"])
+    md = [f"## What each strategy costs on {name}, and where a step goes", "",
+          f"`--model gpt2`, B = {b}, T = {t}, AdamW as llm.c runs it, one thread per rank. "
+          f"{c['rounds']} rounds, each running every configuration in turn (the order "
+          f"alternates), {c['steps']} steps per run; a run's step time and page faults are the "
+          "medians of its steps after the third (the first steps allocate). `vs NO_SHARD` is the "
+          "median over rounds of (the run / NO_SHARD at the same W in the same round), with the "
+          "rounds' own ratios beside it. `faults/step`: minor page faults of the whole process "
+          "(getrusage, the largest rank) per steady step: first touches of fresh memory, which "
+          "cost this VM about 300 MiB/s (docs/performance.md, \"Where a step's time goes\").", "",
+          "| strategy | W | mesh | s/step per round | median | vs NO_SHARD (rounds) | "
+          "faults/step |", "|---|---|---|---|---|---|---|"]
+    rows = c["rows"]
+    base = {(r["world"], r["round"]): r["median_step_s"] for r in rows if r["strategy"] == "no_shard"}
+    seen = []
+    for r in rows:
+        key = (r["world"], r["strategy"])
+        if key not in seen:
+            seen.append(key)
+    for world, strategy in sorted(seen):
+        mine = [r for r in rows if (r["world"], r["strategy"]) == (world, strategy)]
+        ratios = [r["median_step_s"] / base[(world, r["round"])] for r in mine
+                  if (world, r["round"]) in base]
+        R, S = mine[0]["mesh"]
+        md.append(f"| {strategy.upper()} | {world} | ({R}, {S}) | "
+                  f"{' / '.join(fmt_s(r['median_step_s']) for r in mine)} | "
+                  f"{fmt_s(med([r['median_step_s'] for r in mine]))} | "
+                  f"{med(ratios):.3f}x ({' / '.join(f'{x:.2f}' for x in ratios)}) | "
+                  f"{med([r['minor_faults'] for r in mine]):.0f} |")
+    md.append("")
+    ov = c.get("trace_overhead") or []
+    if ov:
+        model, tb, ts, tsteps = c["trace_model"]
+        on = [r for r in ov if r["traced"]]
+        off = {r["round"]: r["median_step_s"] for r in ov if not r["traced"]}
+        ratios = [r["median_step_s"] / off[r["round"]] - 1 for r in on if r["round"] in off]
+        md += [f"**The trace's cost**: `--model {model}`, FULL_SHARD, W = 4, global batch {tb}, "
+               f"T = {ts}, {tsteps} steps with `--trace --trace-steps 3:{tsteps}` against without, "
+               f"alternated: median step {fmt_s(med([r['median_step_s'] for r in on]))} s traced, "
+               f"{fmt_s(med(list(off.values())))} s not: **{100 * med(ratios):+.1f}%** (rounds: "
+               f"{' / '.join(f'{100 * x:+.1f}%' for x in ratios)}).", ""]
+    tl = c.get("timeline") or {}
+    if tl.get("png"):
+        md += [f"**One FULL_SHARD step at W = 2** (step 5 of `{tl['command']} --trace "
+               "timeline.json --trace-steps 4:5`, drawn by `fsdp-plot --trace timeline.json "
+               "--step 5`): each rank's training thread (its units' forward and backward, the "
+               "waits on collectives, the optimizer) above its communication threads (each "
+               "collective as the group's worker runs it), on rank 0's clock."
+               + (f" Exposed communication (the summary's trace line): {tl['exposed']}."
+                  if tl.get("exposed") else ""), "",
+               f"![GPT-2 FULL_SHARD timeline](docs/bench/{tl['png']})", ""]
+    cmd = rows[0]["command"] if rows else ""
+    md += [f"Rerun: `bench/bench.py --sections stepcost --merge` (a run: `{cmd}`; the token file "
+           f"is {1 << 16} pseudo-random ids).", ""]
     return md
 
 
@@ -707,6 +768,8 @@ def main():
                "the same measurements as shell scripts).", ""]
     if res.get("gpt2"):
         md += gpt2_section(res["gpt2"])
+    if res.get("step_cost"):
+        md += step_cost_section(res["step_cost"])
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
     md += ["## GPU", "",

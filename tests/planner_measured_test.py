@@ -29,16 +29,40 @@ def run(cmd):
     return r.stdout
 
 
-for model in ("tiny", "small", "medium"):
+# Every preset fsdp-train builds: the model it builds (--dry-run), the planner's shape-derived
+# count (fsdp-plan) and fsdp-train --plan's units (from the built model) count the same parameters.
+for model in ("tiny", "small", "medium", "gpt2"):
     dry = json.loads(run([train, "--model", model, "--dry-run", "--json"]))
     planned = json.loads(run([plan, "--model", model, "--json"]))["model"]["parameters"]
     if dry["total_params"] != planned:
         failures.append(f"{model}: fsdp-train has {dry['total_params']} parameters, fsdp-plan {planned}")
+    own = json.loads(run([train, "--model", model, "--devices", "2", "--global-batch", "4",
+                          "--seq-len", "64", "--plan", "--json"]))["model"]["parameters"]
+    if dry["total_params"] != own:
+        failures.append(f"{model}: fsdp-train has {dry['total_params']} parameters, its --plan {own}")
+# GPT-2's family at another shape: fsdp-plan's gpt2 preset with --layers/--d-model/--heads.
+dry = json.loads(run([train, "--model", "gpt2", "--layers", "2", "--d-model", "128", "--heads", "4",
+                      "--dry-run", "--json"]))
+planned = json.loads(run([plan, "--model", "gpt2", "--layers", "2", "--d-model", "128", "--heads",
+                          "4", "--json"]))["model"]["parameters"]
+if dry["total_params"] != planned:
+    failures.append(f"gpt2 2x128: fsdp-train has {dry['total_params']} parameters, fsdp-plan {planned}")
+
+# --params as people write model sizes.
+for text, count, model in (("70e9", 70_000_000_000, "llama2-7b"), ("70B", 70_000_000_000, "llama2-7b"),
+                           ("6.7B", 6_700_000_000, "llama2-7b"), ("124M", 124_000_000, "gpt2"),
+                           ("350k", 350_000, "tiny"), ("1.5T", 1_500_000_000_000, "llama2-7b"),
+                           ("7000000000", 7_000_000_000, "llama2-7b")):
+    got = json.loads(run([plan, "--model", model, "--params", text, "--json"]))
+    if got["model"]["parameters"] != count:
+        failures.append(f"fsdp-plan --params {text}: {got['model']['parameters']} parameters, not {count}")
 
 # Bad input to fsdp-plan: one line on stderr naming the value, exit status 2.
 for args, names in ((["--cluster", "dgx-9000"], "dgx-9000"), (["--nodes", "-3"], "-3"),
                     (["--ranks-per-node", "8", "--mesh", "3,-1"], "3"),
-                    (["--model", "gpt-7"], "gpt-7"), (["--micro-batch", "0"], "micro-batch 0")):
+                    (["--model", "gpt-7"], "gpt-7"), (["--micro-batch", "0"], "micro-batch 0"),
+                    (["--params", "70x"], "70x"), (["--params", "1.5"], "1.5"),
+                    (["--params", "-7B"], "-7B")):
     r = subprocess.run([plan] + args, env=env, capture_output=True, text=True, timeout=60)
     lines = r.stderr.strip().splitlines()
     if r.returncode != 2 or len(lines) != 1 or names not in lines[0]:

@@ -32,17 +32,6 @@ namespace {
 
 const std::string kPlot = tool_dir() + "/fsdp-plot";
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-bool is_png(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[8] = {};
-  in.read(magic, 8);
-  return in && std::string(magic + 1, 3) == "PNG";
-}
-
 std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> out;
@@ -89,8 +78,6 @@ std::vector<double> check_metrics(const std::string& path, int64_t steps, const 
 }
 
 json last_line(const std::string& path) { return json::parse(lines_of(path).back()); }
-
-bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
 // --help shows "--steps INT=100" (CLI11 2.1, Debian 12) or "--steps INT [100]" (CLI11 2.4).
 bool shows_default(const std::string& help, const std::string& flag, const std::string& type,
@@ -426,20 +413,6 @@ TEST(Train, HelpListsEveryFlagWithItsDefault) {
         << flag << " default " << value << " missing:\n"
         << r.output;
   }
-}
-
-TEST(Plot, FsdpPlotErrors) {
-  TempDir dir;
-  write_file(dir.file("bad.jsonl"), "{\"step\": 1, \"loss\": 5.1}\nnot json\n");
-  auto r = run({kPlot, "-o", dir.file("x.png"), dir.file("bad.jsonl")});
-  EXPECT_EQ(r.exit_code(), 1) << r.output;  // before looking for gnuplot
-  EXPECT_NE(r.output.find("line 2 is not JSON"), std::string::npos) << r.output;
-  write_file(dir.file("ok.jsonl"), "{\"step\": 1, \"loss\": 5.1}\n{\"step\": 2, \"loss\": 4.9}\n");
-  r = run({kPlot, "-o", dir.file("x.png"), dir.file("ok.jsonl")}, {{"PATH", "/nonexistent"}});
-  EXPECT_EQ(r.exit_code(), 1) << r.output;
-  EXPECT_NE(r.output.find("gnuplot is not in PATH"), std::string::npos) << r.output;
-  r = run({kPlot, dir.file("ok.jsonl")});
-  EXPECT_EQ(r.exit_code(), 2) << r.output;
 }
 
 // Every invalid flag: exit status 2 and one line "fsdp-train: error: ..." naming the value, before

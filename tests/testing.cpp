@@ -310,6 +310,19 @@ int kill_local_rank_when(const Process& launcher, int local_rank,
   return -1;
 }
 
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+bool is_png(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  return in && std::string(magic, 8) == "\x89PNG\r\n\x1a\n";
+}
+
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
 std::map<int64_t, double> metrics_losses(const std::string& file) {
   std::map<int64_t, double> out;
   std::ifstream in(file);

@@ -101,6 +101,12 @@ std::vector<int> children_of(int pid, size_t n);
 int kill_local_rank_when(const Process& launcher, int local_rank,
                          const std::function<bool()>& due, std::chrono::milliseconds deadline);
 
+// Files the tool tests write and check: `text` into `path`; whether `path` starts with PNG's
+// signature; whether gnuplot is in PATH (the plot tests skip without it, saying so).
+void write_file(const std::string& path, const std::string& text);
+bool is_png(const std::string& path);
+bool have_gnuplot();
+
 // step -> loss of an fsdp-train --metrics file (JSON Lines).
 std::map<int64_t, double> metrics_losses(const std::string& file);
 

@@ -25,3 +25,4 @@
 #include "fsdp/runtime_options.h"
 #include "fsdp/sharded.h"
 #include "fsdp/strategy.h"
+#include "fsdp/trace.h"

@@ -33,6 +33,10 @@ bool reset_peak_rss();
 namespace detail {
 // AsyncCheckpointer reports its staging buffer's growth (+) and release (-) here.
 void add_checkpoint_staging_bytes(int64_t delta);
+// Gives the pages of every free block of malloc's heap back to the system (glibc's
+// malloc_trim(0): the top of the heap and whole free pages anywhere in it); the blocks stay
+// malloc's, to be faulted in again when reused. Nothing under a sanitizer's allocator.
+void release_free_heap();
 }  // namespace detail
 
 }  // namespace fsdp

@@ -71,5 +71,8 @@ TopologyReport make_topology_report(const ShardingPlan& plan, int64_t local_worl
 std::string format_bytes(double bytes);
 // Human-readable counts: "3.41 M", "12.5 k", "640".
 std::string format_count(double n);
+// A count as people write one: "124475904", "70e9", "6.7B", "124M", "350k", "1.5T" (k/K, M, B/G,
+// T; a whole number of units after scaling). Throws fsdp::Error naming `what` and the text.
+int64_t parse_count(const std::string& text, const char* what);
 
 }  // namespace fsdp

@@ -91,12 +91,21 @@ struct MemoryStats {
   int64_t unsharded_peak_bytes = 0;   // ... and their peak since the last reset_peak()
   int64_t accumulation_bytes = 0;     // gradients kept between micro-steps (grad_sync modes)
   int64_t replica_param_bytes = 0;    // one unsharded fp32 replica of the parameters, for scale
-  // The engine's large CPU buffers (gathered flats, unsharded gradients) live in mappings of
-  // their own, reused step to step, outside malloc (NOTE [buffer pool] in
-  // src/engine/buffer_pool.h): mapped now (in use or kept for the next step), and the peak since
-  // reset_peak(). 0 on CUDA.
+  // The engine's large CPU buffers (gathered flats, unsharded gradients, and the reduced
+  // gradients that become the shards' .grad) live in mappings of their own, reused step to
+  // step, outside malloc (NOTE [buffer pool] in src/engine/buffer_pool.h): mapped now (in use
+  // or kept for the next step), and the peak since reset_peak() of the gathered/unsharded ones.
+  // 0 on CUDA.
   int64_t pool_mapped_bytes = 0;
   int64_t pool_peak_bytes = 0;
+  // Of grad_shard_bytes, those in those mappings (so also in pool_mapped_bytes): the .grad the
+  // reduce-scatter wrote (NOTE [gradient pool] in src/engine/engine.h), or under NO_SHARD the
+  // unsharded gradient itself.
+  int64_t pooled_grad_bytes = 0;
+  // Of sharded_state_bytes, those outside malloc's heap: the pooled gradients above and, on
+  // CPU, the parameter shards (each in a mapping of its own: NOTE [mapped shards] in
+  // src/base/mapped_tensor.h). The rest (optimizer state) is malloc's.
+  int64_t mapped_state_bytes = 0;
   int64_t sharded_state_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;
   }

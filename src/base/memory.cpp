@@ -17,6 +17,10 @@ std::atomic<int64_t> g_checkpoint_staging{0};
 
 void detail::add_checkpoint_staging_bytes(int64_t delta) { g_checkpoint_staging += delta; }
 
+void detail::release_free_heap() {
+  if constexpr (!detail::kSanitizerAllocator) ::malloc_trim(0);
+}
+
 ProcessMemory process_memory() {
   ProcessMemory m;
   m.checkpoint_staging = g_checkpoint_staging.load();

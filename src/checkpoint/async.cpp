@@ -91,6 +91,7 @@ struct AsyncCheckpointer::Impl {
     PendingSave p = std::move(*pending);
     pending.reset();
     if (!agree_error.empty()) throw Error(agree_error);
+    detail::TraceSpan span(detail::trace_slot(*p.rt), "checkpoint", "checkpoint commit");
     return commit_save(p, write_error);
   }
 };
@@ -151,14 +152,20 @@ void AsyncCheckpointer::save(const std::string& path, ShardedModuleBase& model,
   PendingSave& p = *m.pending;
   const int64_t agreement = detail::reserve_agreement(*p.rt);
   uint8_t* base = nullptr;
-  if (p.error.empty()) p.error = capture([&] { base = stage(m, p, optimizer); });
+  detail::TraceSlot* trace = detail::trace_slot(*p.rt);
+  {
+    detail::TraceSpan span(trace, "checkpoint", "checkpoint staging");
+    if (p.error.empty()) p.error = capture([&] { base = stage(m, p, optimizer); });
+  }
   // Write in the background (NOTE [async checkpoint]): files only, no collective.
   m.written = false;
   m.write_error.clear();
   m.agree_error.clear();
-  m.writer = std::thread([&m, base, agreement] {
+  m.writer = std::thread([&m, base, agreement, trace] {
     // Below the training threads: the write waits for the disk, not for the CPU.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    detail::set_trace_thread_name("checkpoint writer");
+    detail::TraceSpan span(trace, "checkpoint", "checkpoint background write");
     PendingSave& p = *m.pending;
     m.agree_error = capture([&] {
       detail::check_all_ok_reserved(*p.rt, agreement, p.what,

@@ -5,6 +5,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/save_phases.h"
 #include "fsdp/runtime.h"
+#include "runtime/runtime_internal.h"
 
 namespace fsdp::detail {
 
@@ -313,14 +314,18 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 CheckpointInfo save_checkpoint(const std::string& path, ShardedModuleBase& model,
                                const torch::optim::Optimizer* optimizer,
                                const TrainingState& state, const CheckpointOptions& options) {
+  detail::TraceSpan all(detail::trace_slot(*model.runtime()), "checkpoint", "checkpoint save");
   PendingSave p = prepare_save(path, model, optimizer, state, options);
   const OptimizerKind* kind = p.kind ? &*p.kind : nullptr;
   at::Tensor current;  // the chunk being written, alive until the next one
+  detail::TraceSpan write(detail::trace_slot(*p.rt), "checkpoint", "checkpoint write");
   const std::string err = write_shard_file(p, [&](int64_t i) {
     current = chunk_data(p.layout.chunks[static_cast<size_t>(i)], p.layout, *p.engine,
                          optimizer, kind);
     return static_cast<const void*>(current.data_ptr());
   });
+  write.end();
+  detail::TraceSpan commit(detail::trace_slot(*p.rt), "checkpoint", "checkpoint commit");
   return commit_save(p, err);
 }
 

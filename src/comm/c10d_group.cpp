@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -31,11 +32,24 @@ std::unique_ptr<CollectiveCheck> make_check(c10::intrusive_ptr<c10d::Store> stor
   return std::make_unique<CollectiveCheck>(std::move(store), timeout);
 }
 
+// Payload bytes of a call, as the group's counters count them (fsdp/collectives.h).
+int64_t payload_bytes(const CollectiveCall& call) {
+  if (call.dtype == c10::ScalarType::Undefined) return 0;
+  return call.numel * static_cast<int64_t>(c10::elementSize(call.dtype));
+}
+
 class TaskWork final : public Work {
  public:
+  // `trace`: where a wait that blocks is recorded, as "wait <op> <what>" (exposed communication).
+  TaskWork(TraceSlot* trace, const CollectiveCall* call) : trace_(trace) {
+    if (trace_ && trace_->on() && call) label_ = cat(call->op, " ", call->what);
+  }
   void wait() override {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    if (!done_) {
+      TraceSpan span(label_.empty() ? nullptr : trace_, "wait", "wait", label_);
+      cv_.wait(lock, [&] { return done_; });
+    }
     if (error_) std::rethrow_exception(error_);
   }
   bool completed() const override {
@@ -56,12 +70,19 @@ class TaskWork final : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  TraceSlot* trace_;
+  std::string label_;
 };
 
 // Runs tasks one at a time, in submission order, on its own thread.
 class Worker {
  public:
-  Worker() : thread_([this] { loop(); }) {}
+  // `name`: the thread's track in traces ("comm: shard group").
+  Worker(TraceSlot* trace, std::string name)
+      : trace_(trace), thread_([this, name = std::move(name)] {
+          set_trace_thread_name(name);
+          loop();
+        }) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -73,8 +94,8 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  WorkHandle submit(std::function<void()> fn) {
-    auto work = std::make_shared<TaskWork>();
+  WorkHandle submit(std::function<void()> fn, const CollectiveCall* call = nullptr) {
+    auto work = std::make_shared<TaskWork>(trace_, call);
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.emplace_back(std::move(fn), work);
@@ -109,6 +130,7 @@ class Worker {
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<TaskWork>>> queue_;
   bool stop_ = false;
+  TraceSlot* trace_;
   std::thread thread_;  // last: starts after the members above exist
 };
 
@@ -116,9 +138,10 @@ class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<compat::C10dBackend> backend, std::vector<int64_t> ranks,
             int64_t rank, std::string kind, bool flat, CollectiveAlgorithm algorithm,
-            std::unique_ptr<CollectiveCheck> check)
+            std::unique_ptr<CollectiveCheck> check, std::shared_ptr<TraceSlot> trace)
       : Group(std::move(ranks), rank, std::move(kind)), backend_(std::move(backend)),
-        flat_(flat), algorithm_(algorithm), check_(std::move(check)) {
+        flat_(flat), algorithm_(algorithm), check_(std::move(check)), trace_(std::move(trace)),
+        worker_(trace_.get(), "comm: " + this->kind() + " group") {
     if (algorithm_ == CollectiveAlgorithm::kAuto) algorithm_ = CollectiveAlgorithm::kRing;
     FSDP_CHECK(algorithm_ != CollectiveAlgorithm::kNative || flat_,
                "collective algorithm 'native' was requested but the ", backend_->getBackendName(),
@@ -240,47 +263,100 @@ class C10dGroup final : public Group {
     }
   }
 
+  // Runs `fn` on the group's worker. With a trace on, the run is an event on the worker's track
+  // ("all_gather unit 'block3'", category "collective") with the op, group, what, payload bytes
+  // and collective number, and how long it queued behind the group's earlier collectives.
   WorkHandle submit(const CollectiveCall& call, std::function<void()> fn) {
-    return worker_.submit([this, what = failed(*this, call), fn = std::move(fn)] {
-      try {
-        fn();
-      } catch (const Error&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw Error(detail::cat(what, ": ", error_message(e),
-                                " (a peer rank probably exited or timed out; see its output)"));
-      }
-    });
+    const bool traced = trace_ && trace_->on();
+    const int64_t issued = traced ? trace_->now() : 0;
+    return worker_.submit(
+        [this, what = failed(*this, call), fn = std::move(fn), traced, issued,
+         op = call.op, label = traced ? call.what : std::string(), bytes = payload_bytes(call),
+         number = call.sequence] {
+          TraceSpan span(traced ? trace_.get() : nullptr, "collective", op, label);
+          if (span.active()) {
+            span.arg("op", op).arg("group", kind()).arg("what", label).arg("bytes", double(bytes))
+                .arg("collective", double(number))
+                .arg("queued_us", double(trace_->now() - issued) / 1e3);
+          }
+          try {
+            fn();
+          } catch (const Error&) {
+            throw;
+          } catch (const std::exception& e) {
+            throw Error(detail::cat(what, ": ", error_message(e),
+                                    " (a peer rank probably exited or timed out; see its output)"));
+          }
+        },
+        &call);
   }
 
   // Ring reduce-scatter over send/recv. At step t (0..S-2) rank r sends its running sum of chunk
   // (r-t-1) mod S to rank r+1 and receives chunk (r-t-2) mod S from rank r-1, adding its own
   // contribution. After S-1 steps it holds the full sum of chunk r. Each rank sends (S-1)/S of the
-  // buffer, like a ring all-reduce's first half.
+  // buffer, like a ring all-reduce's first half. NOTE [ring buffers]
+  //
+  // NOTE [ring buffers]
+  // The ring allocates nothing per call: step 0 sends straight from the input's chunk, the running
+  // sum lives in the output (the sum of step t is what step t+1 sends), and what arrives lands in
+  // one staging buffer that the group keeps (its worker runs one collective at a time). The ring
+  // runs in segments of at most kRingSegmentBytes per chunk, so that buffer stays small whatever
+  // the unit's size. Fresh buffers per call were the largest source of FULL_SHARD's page faults
+  // on GPT-2: a 38.6 M-parameter root unit made two 77 MiB mallocs, each a fresh mmap that the
+  // kernel zero-fills on first touch, every step (docs/performance.md).
+  static constexpr int64_t kRingSegmentBytes = int64_t{8} << 20;
+
   void ring_reduce_scatter(at::Tensor& output, at::Tensor& input) {
     const int64_t S = size(), r = rank();
-    auto chunks = input.view({-1}).chunk(S);
+    at::Tensor in = input.view({-1});
+    const int64_t n = output.numel();
+    TORCH_INTERNAL_ASSERT(in.numel() == n * S, "reduce-scatter input of ", in.numel(),
+                          " elements for ", S, " outputs of ", n);
     if (S == 1) {
-      output.view({-1}).copy_(chunks[0]);
+      output.view({-1}).copy_(in);
       return;
     }
+    // The running sum must not overwrite this rank's own chunk before the last step reads it:
+    // an output inside the input (an in-place reduce-scatter) sums into a scratch copy instead.
+    at::Tensor out = output.view({-1});
+    const bool aliased = overlaps(out, in);
+    at::Tensor sum = aliased ? at::empty_like(out) : out;
     const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
-    at::Tensor send_buf = chunks[(r + S - 1) % S].clone();
-    at::Tensor recv_buf = at::empty_like(send_buf);
-    for (int64_t t = 0; t < S - 1; ++t) {
-      std::vector<at::Tensor> s{transport(send_buf)}, q{transport(recv_buf)};
-      auto sw = backend_->send(s, next, static_cast<int>(t));
-      auto rw = backend_->recv(q, prev, static_cast<int>(t));
-      rw->wait();
-      sw->wait();
-      const int64_t idx = ((r - t - 2) % S + S) % S;
-      if (t == S - 2) {
-        at::Tensor out = output.view({-1});
-        at::add_out(out, recv_buf, chunks[idx]);
-      } else {
-        at::add_out(send_buf, recv_buf, chunks[idx]);
+    const int64_t seg = std::max<int64_t>(1, kRingSegmentBytes / in.element_size());
+    at::Tensor staging = staging_for(std::min(seg, n), in.scalar_type());
+    int tag = 0;
+    for (int64_t a = 0; a < n; a += seg) {
+      const int64_t len = std::min(seg, n - a);
+      auto piece = [&](int64_t c) { return in.narrow(0, c * n + a, len); };
+      at::Tensor acc = sum.narrow(0, a, len), got = staging.narrow(0, 0, len);
+      for (int64_t t = 0; t < S - 1; ++t) {
+        at::Tensor outgoing = t == 0 ? piece((r + S - 1) % S) : acc;
+        std::vector<at::Tensor> s{transport(outgoing)}, q{transport(got)};
+        auto sw = backend_->send(s, next, tag);
+        auto rw = backend_->recv(q, prev, tag);
+        ++tag;
+        rw->wait();
+        sw->wait();
+        at::add_out(acc, got, piece(((r - t - 2) % S + S) % S));
       }
     }
+    if (aliased) out.copy_(sum);
+  }
+
+  static bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+    if (!a.storage().is_alias_of(b.storage())) return false;
+    const auto* a0 = static_cast<const char*>(a.data_ptr());
+    const auto* b0 = static_cast<const char*>(b.data_ptr());
+    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  }
+
+  // The group's receive buffer: `numel` elements of `dtype`, grown when a call needs more.
+  at::Tensor staging_for(int64_t numel, c10::ScalarType dtype) {
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!staging_.defined() || staging_.numel() < bytes) {
+      staging_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    }
+    return staging_.narrow(0, 0, bytes).view(dtype);
   }
 
   void alltoall_reduce_scatter(at::Tensor& output, at::Tensor& input) {
@@ -297,6 +373,8 @@ class C10dGroup final : public Group {
   bool flat_;
   CollectiveAlgorithm algorithm_;
   std::unique_ptr<CollectiveCheck> check_;  // none: set_debug_collectives has no effect
+  at::Tensor staging_;  // NOTE [ring buffers]: used by the worker thread only
+  std::shared_ptr<TraceSlot> trace_;  // may be null: no trace
   Worker worker_;  // last: joined first, while the members it uses still exist
 };
 
@@ -403,7 +481,8 @@ std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> b
                                        bool has_flat_collectives, bool is_nccl,
                                        CollectiveAlgorithm algorithm,
                                        c10::intrusive_ptr<c10d::Store> check_store,
-                                       std::chrono::milliseconds timeout) {
+                                       std::chrono::milliseconds timeout,
+                                       std::shared_ptr<TraceSlot> trace) {
   auto check = make_check(std::move(check_store), timeout);
   if (is_nccl) {
     TORCH_INTERNAL_ASSERT(has_flat_collectives, "NCCL always has flat collectives");
@@ -411,7 +490,8 @@ std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> b
                                        algorithm, std::move(check));
   }
   return std::make_shared<C10dGroup>(std::move(backend), std::move(ranks), rank, std::move(kind),
-                                     has_flat_collectives, algorithm, std::move(check));
+                                     has_flat_collectives, algorithm, std::move(check),
+                                     std::move(trace));
 }
 
 }  // namespace fsdp::detail

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/compat.h"
+#include "base/trace_sink.h"
 #include "fsdp/collectives.h"
 
 namespace fsdp::detail {
@@ -25,6 +26,7 @@ std::shared_ptr<Group> make_c10d_group(c10::intrusive_ptr<compat::C10dBackend> b
                                        bool has_flat_collectives, bool is_nccl,
                                        CollectiveAlgorithm algorithm,
                                        c10::intrusive_ptr<c10d::Store> check_store = {},
-                                       std::chrono::milliseconds timeout = {});
+                                       std::chrono::milliseconds timeout = {},
+                                       std::shared_ptr<TraceSlot> trace = nullptr);
 
 }  // namespace fsdp::detail

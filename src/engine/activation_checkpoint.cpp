@@ -20,6 +20,7 @@
 
 #include <algorithm>
 
+#include "base/trace_sink.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
@@ -152,6 +153,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     std::vector<at::Tensor> outputs;
     {
+      TraceSpan span(thread_trace_slot(), "compute", "recompute", name);
       RngFork fork(state->rng ? &*state->rng : nullptr);
       at::AutoGradMode grad(true);
       outputs = state->fn(detached, nullptr);

@@ -51,6 +51,10 @@ void give_back(void* ctx) {
 
 }  // namespace
 
+bool BufferPool::pooled(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &give_back;
+}
+
 BufferPool::BufferPool() : state_(std::make_shared<State>()) {}
 
 at::DataPtr BufferPool::allocate(size_t bytes) {

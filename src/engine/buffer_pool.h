@@ -30,6 +30,8 @@ class BufferPool {
   at::DataPtr allocate(size_t bytes);
   // A 1-D CPU tensor of `numel` elements of `dtype` in pooled memory (uninitialised).
   at::Tensor empty(int64_t numel, c10::ScalarType dtype);
+  // Whether `t`'s memory comes from a BufferPool (any pool).
+  static bool pooled(const at::Tensor& t);
   // Unmaps cached blocks that no allocation reused since the previous trim(). Call once a step.
   void trim();
 

@@ -17,6 +17,7 @@
 #include "base/shard_slice.h"
 #include "engine/deferred_init_internal.h"
 #include "runtime/strategy_internal.h"
+#include "base/mapped_tensor.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
@@ -225,7 +226,9 @@ int64_t slice_shards(DeferredUnit& unit, const DeferredInit::State& ctx) {
   for (auto& flat : unit.flats) {
     const int64_t shard_numel = shard_numel_of(flat.numel, S);
     const int64_t begin = ctx.shard_rank * shard_numel;
-    flat.shard = at::zeros({shard_numel}, f32);
+    // NOTE [mapped shards]
+    flat.shard = f32.device().is_cpu() ? mapped_zeros(shard_numel, at::kFloat)
+                                       : at::zeros({shard_numel}, f32);
     shard_bytes += shard_numel * 4;
     uint64_t h = 0;
     for (const auto& dp : flat.params) {

@@ -61,6 +61,27 @@ void root_post_forward(Engine* e, const std::vector<at::Tensor>& outputs) {
 at::Tensor cast_input(Engine* e, const at::Tensor& t) { return e->cast_input(t); }
 
 // ---------------------------------------------------------------------------------------------
+// Trace events (NOTE [unit events])
+
+void Engine::trace_begin(int64_t& start) const {
+  start = trace_ && trace_->on() ? trace_->now() : -1;
+}
+
+void Engine::trace_end(const char* what, UnitState& u, int64_t& start) {
+  if (start < 0) return;
+  TraceEvent e;
+  e.category = "compute";
+  e.set_name(what, display(u.name));
+  e.start_ns = start;
+  e.duration_ns = trace_->now() - start;
+  e.add("unit", display(u.name));
+  start = -1;
+  trace_->record(e);
+  trace_counter(trace_, "memory", {{"rss_bytes", double(resident_bytes())},
+                                   {"engine_buffer_bytes", double(tracker_.now())}});
+}
+
+// ---------------------------------------------------------------------------------------------
 // Storage
 
 void Engine::alloc_storage(at::Tensor& t) {
@@ -182,6 +203,7 @@ void Engine::root_pre_forward() {
   order_.clear();
   in_forward_ = true;
   UnitState& root = *units_[0];
+  trace_begin(root.forward_start_ns);
   unshard(root);
   if (strategy_.forward_prefetch()) {
     if (UnitState* next = unit_after_in_forward(0)) unshard(*next);
@@ -191,6 +213,7 @@ void Engine::root_pre_forward() {
 
 void Engine::root_post_forward(const std::vector<at::Tensor>& outputs) {
   in_forward_ = false;
+  trace_end("forward", *units_[0], units_[0]->forward_start_ns);
   prev_order_ = order_;
   bool armed = false;
   if (torch::GradMode::is_enabled()) {
@@ -212,6 +235,7 @@ void Engine::pre_forward(UnitState& u) {
   FSDP_CHECK(in_forward_, "fsdp unit '", display(u.name), "' ran outside the sharded model's "
              "forward; call the ShardedModule returned by fsdp::shard, not the inner module");
   order_.push_back(u.index);
+  trace_begin(u.forward_start_ns);
   unshard(u);
   if (strategy_.forward_prefetch()) {
     // Issue the next unit's all-gather before waiting for ours: both overlap this compute.
@@ -243,6 +267,7 @@ void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) 
     reshard(u);
     if (u.frozen) reshard(*u.frozen);
   }
+  trace_end("forward", u, u.forward_start_ns);
 }
 
 void Engine::check_requires_grad() const {
@@ -309,6 +334,11 @@ void Engine::pre_backward(UnitState& u) {
   }
   if (u.pre_backward_done) return;
   u.pre_backward_done = true;
+  if (u.index != 0) {
+    if (open_backward_) trace_end("backward", *open_backward_, open_backward_->backward_start_ns);
+    open_backward_ = &u;
+  }
+  trace_begin(u.backward_start_ns);
   settle_finished_reduces();
   unshard(u);
   if (strategy_.backward_prefetch()) {
@@ -355,6 +385,10 @@ void Engine::post_backward(UnitState& u) {
   release_frozen(u);
   if (u.trainable && u.flat_grad.defined()) reduce_grad(u);
   settle_finished_reduces();
+  if (open_backward_ == &u) {
+    trace_end("backward", u, u.backward_start_ns);
+    open_backward_ = nullptr;
+  }
 }
 
 void Engine::reduce_grad(UnitState& u) {
@@ -370,8 +404,10 @@ void Engine::reduce_grad(UnitState& u) {
   }
   if (pre_divide_ != 1.0) g.div_(pre_divide_);
   if (S_ > 1) {
-    // Not pooled: it becomes the shard's .grad, state that outlives the step.
-    p.output = at::empty({u.shard_numel}, g.options());
+    // It becomes the shard's .grad, state that outlives the step: from a pool of its own
+    // (NOTE [gradient pool]).
+    p.output = pooled_ ? grad_pool_.empty(u.shard_numel, g.scalar_type())
+                       : at::empty({u.shard_numel}, g.options());
     p.rs = shard_group_->reduce_scatter(p.output, g, collective_label(u));
     p.input = g;
     p.input_bytes = bytes_of(g);
@@ -455,6 +491,10 @@ void Engine::finalize_backward() {
     u->inputs_pending = 0;
   }
   pool_.trim();  // buffers no step used since the last trim go back to the system
+  grad_pool_.trim();
+  if (open_backward_) trace_end("backward", *open_backward_, open_backward_->backward_start_ns);
+  open_backward_ = nullptr;
+  trace_end("backward", *units_[0], units_[0]->backward_start_ns);
 }
 
 

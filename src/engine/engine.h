@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "base/trace_sink.h"
 #include "engine/buffer_pool.h"
 #include "engine/device_streams.h"
 #include "engine/flat_view.h"
@@ -117,6 +118,8 @@ struct UnitState {
   UnitState* frozen = nullptr;  // the frozen flat of this unit, if it has frozen parameters
   UnitState* owner = nullptr;   // for a frozen flat: its unit
   int64_t inputs_pending = 0;
+  // Trace (fsdp/trace.h): when this unit's open forward / backward event began; -1 none open.
+  int64_t forward_start_ns = -1, backward_start_ns = -1;
 };
 
 // How collectives name a flat (CollectiveCall::what): "unit 'blocks.3'", "unit '(root)'", and
@@ -244,8 +247,23 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool built_deferred_ = false;
   int summoned_ = 0;
   MemoryTracker tracker_;
+  // NOTE [unit events]: the runtime's trace slot (fsdp/trace.h), and the non-root unit whose
+  // backward event is open: a unit's backward event ends at its post-backward or when the next
+  // unit's backward begins, whichever is first (autograd may start the next unit before the
+  // last gradient of this one arrives), so that one thread's events nest and never overlap.
+  TraceSlot* trace_ = nullptr;
+  UnitState* open_backward_ = nullptr;
+  void trace_begin(int64_t& start) const;
+  void trace_end(const char* what, UnitState& u, int64_t& start);
   BufferPool pool_;      // NOTE [buffer pool]: gathered flats and unsharded gradients
-  bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_
+  // NOTE [gradient pool]
+  // The reduce-scatter's outputs become the shards' .grad, which the training loop frees
+  // (zero_grad) before the next backward makes new ones: as mallocs of this size each was a
+  // fresh mmap, page-faulted in every step (GPT-2, FULL_SHARD: ~190 MiB a step at W = 2). Their
+  // own pool (not pool_: these outlive the step, and pool_'s peak is the step's working set)
+  // hands the next backward the mappings the previous step's gradients used.
+  BufferPool grad_pool_;
+  bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_ / grad_pool_
   // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
   at::Tensor empty_buffer(int64_t numel, c10::ScalarType dtype);
   DeviceStreams streams_{c10::Device(c10::kCPU)};  // NOTE [CUDA streams]

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "base/mapped_tensor.h"
 #include "fsdp/error.h"
 #include "base/shard_slice.h"
 
@@ -210,7 +211,15 @@ MemoryStats Engine::memory_stats(const torch::optim::Optimizer* optimizer) const
   MemoryStats m;
   for (const auto& u : units_) {
     m.param_shard_bytes += bytes_of(u->shard);
-    if (u->shard.grad().defined()) m.grad_shard_bytes += bytes_of(u->shard.grad());
+    if (is_mapped(u->shard)) m.mapped_state_bytes += bytes_of(u->shard);
+    const at::Tensor& grad = u->shard.grad();
+    if (grad.defined()) {
+      m.grad_shard_bytes += bytes_of(grad);
+      if (BufferPool::pooled(grad)) {
+        m.pooled_grad_bytes += bytes_of(grad);
+        m.mapped_state_bytes += bytes_of(grad);
+      }
+    }
     if (u->flat_grad.defined() && !callback_queued_) m.accumulation_bytes += bytes_of(u->flat_grad);
     if (u->partial.defined()) m.accumulation_bytes += bytes_of(u->partial);
     m.replica_param_bytes += u->numel * 4;
@@ -219,7 +228,7 @@ MemoryStats Engine::memory_stats(const torch::optim::Optimizer* optimizer) const
   m.unsharded_now_bytes = tracker_.now();
   m.unsharded_peak_bytes = tracker_.peak();
   const auto pool = pool_.stats();
-  m.pool_mapped_bytes = pool.mapped_bytes;
+  m.pool_mapped_bytes = pool.mapped_bytes + grad_pool_.stats().mapped_bytes;
   m.pool_peak_bytes = pool.peak_mapped_bytes;
   return m;
 }

@@ -129,6 +129,19 @@ ModelSpec gpt(const char* name, int64_t d, int64_t layers, int64_t heads, int64_
   return m;
 }
 
+// GPT-2 as fsdp-train's --model gpt2 builds it (tools/fsdp-train/gpt2.h) and GPT-2 / llm.c
+// define it: biases, learned positions, the head tied to the token embedding, whose rows are
+// the vocabulary padded to a multiple of 128 (50257 -> 50304, as llm.c pads it). The planner's
+// vocab is those rows, so its parameter count is the built model's (124.48 M for GPT-2 124M);
+// the logits cover 50257 of them, 0.1% fewer than it counts.
+ModelSpec gpt2(const char* name, int64_t d, int64_t layers, int64_t heads) {
+  ModelSpec m = gpt(name, d, layers, heads, 1024);
+  m.vocab = 50304;
+  m.seq_len = 1024;
+  m.tied_embeddings = true;
+  return m;
+}
+
 // Llama shapes: RMSNorm, SwiGLU, rotary positions, untied head, fused attention. Sizes from the
 // models' published configurations (config.json of each Hugging Face release).
 ModelSpec llama(const char* name, int64_t layers, int64_t d, int64_t heads, int64_t kv,
@@ -153,6 +166,7 @@ const std::vector<NamedModel>& presets() {
       {"tiny", gpt("tiny", 64, 2, 4, 64)},
       {"small", gpt("small", 256, 4, 4, 256)},
       {"medium", gpt("medium", 512, 8, 8, 512)},
+      {"gpt2", gpt2("gpt2", 768, 12, 12)},
       {"llama2-7b", llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096)},
       {"llama2-13b", llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096)},
       // Llama 2 34B was not released; its shape is Code Llama 34B's (GQA, 8 KV heads).

@@ -4,6 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <iomanip>
 #include <set>
@@ -155,6 +158,29 @@ std::string format_count(double n) {
     std::snprintf(buf, sizeof(buf), "%.0f", n);
   }
   return buf;
+}
+
+int64_t parse_count(const std::string& text, const char* what) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(begin, &end);
+  double scale = 1;
+  if (end != begin && *end != '\0' && end[1] == '\0') {
+    switch (*end) {
+      case 'k': case 'K': scale = 1e3; ++end; break;
+      case 'M': scale = 1e6; ++end; break;
+      case 'B': case 'G': scale = 1e9; ++end; break;
+      case 'T': scale = 1e12; ++end; break;
+      default: break;
+    }
+  }
+  v *= scale;
+  const bool number = end != begin && *end == '\0' && errno == 0 && std::isfinite(v) &&
+                      text.find_first_of(" \t") == std::string::npos;
+  FSDP_CHECK(number && v >= 0 && v < 9e18 && std::fabs(v - std::round(v)) < 1e-3, what, " '",
+             text, "' is not a count; write it as 124475904, 124M, 6.7B, 70e9 or 1.5T");
+  return static_cast<int64_t>(std::llround(v));
 }
 
 namespace {

@@ -88,6 +88,9 @@ struct Runtime::Impl {
   std::shared_ptr<Group> world;
   std::mutex mu;  // guards groups_created
   int64_t groups_created = 0;
+  // fsdp::Trace's events (fsdp/trace.h): this runtime's groups, engines and checkpoints record
+  // into it while a trace is on.
+  std::shared_ptr<detail::TraceSlot> trace = std::make_shared<detail::TraceSlot>();
 
   std::shared_ptr<Group> make_group(const std::vector<int64_t>& ranks, int64_t group_rank,
                                     const std::string& prefix, const std::string& kind,
@@ -106,7 +109,7 @@ struct Runtime::Impl {
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, static_cast<int>(group_rank),
                                                             static_cast<int>(size), opts);
       return detail::make_c10d_group(pg, ranks, group_rank, kind, /*flat=*/true, /*nccl=*/true,
-                                     algorithm, check_store, options.timeout);
+                                     algorithm, check_store, options.timeout, trace);
 #else
       TORCH_INTERNAL_ASSERT(false, "nccl backend without CUDA support");
 #endif
@@ -117,12 +120,14 @@ struct Runtime::Impl {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(group_rank),
                                                           static_cast<int>(size), opts);
     return detail::make_c10d_group(pg, ranks, group_rank, kind, compat::kGlooHasFlatCollectives,
-                                   /*nccl=*/false, algorithm, check_store, options.timeout);
+                                   /*nccl=*/false, algorithm, check_store, options.timeout,
+                                   trace);
   }
 };
 
 struct RuntimeFactory {
   static detail::Rendezvous& rendezvous(Runtime& rt) { return *rt.impl_->rendezvous; }
+  static detail::TraceSlot* trace(const Runtime& rt) { return rt.impl_->trace.get(); }
   // Meets the other ranks on `store`, creates the world group and the Runtime.
   static std::shared_ptr<Runtime> finish(std::unique_ptr<Runtime::Impl> impl,
                                          c10::intrusive_ptr<c10d::Store> store) {
@@ -257,6 +262,12 @@ void Runtime::check_all_ok(const std::string& what, const std::string& local_err
 }
 
 namespace detail {
+
+TraceSlot* trace_slot(const Runtime& rt) { return RuntimeFactory::trace(rt); }
+
+c10::intrusive_ptr<c10d::Store> runtime_store(Runtime& rt) {
+  return RuntimeFactory::rendezvous(rt).store();
+}
 
 int64_t reserve_agreement(Runtime& rt) {
   return RuntimeFactory::rendezvous(rt).reserve_agreement();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/trace_sink.h"
 #include "fsdp/runtime.h"
 #include "runtime/process_setup.h"
 
@@ -17,6 +18,12 @@ namespace fsdp::detail {
 
 std::shared_ptr<Runtime> make_runtime(c10::intrusive_ptr<c10d::Store> store, const ClusterEnv& env,
                                       const RuntimeOptions& options);
+
+// The runtime's trace slot (base/trace_sink.h; never null): fsdp::Trace turns it on, the
+// runtime's groups, the engine and the checkpoint code record into it.
+TraceSlot* trace_slot(const Runtime& rt);
+// The rendezvous store (fsdp::Trace's clock exchange and merge). A world of one has one too.
+c10::intrusive_ptr<c10d::Store> runtime_store(Runtime& rt);
 
 // Runtime::check_all_ok in two halves (Rendezvous::check_all_ok_reserved): reserve on the
 // caller's thread, in the same order on every rank as the other agreements; run later, on any

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target of a fuzz build for a bounded time (`make fuzz`: 20 s each, 80 s in
+# Runs every libFuzzer target of a fuzz build for a bounded time (`make fuzz`: 20 s each, 100 s in
 # all), starting from the seed corpus in tests/fuzz/corpus/<target>/. New inputs go to a temporary
 # directory, never into the repository; a crash leaves its input in the current directory
 # (crash-<sha1>) and fails the run: turn it into a regression test (docs/testing.md).
 # usage: run_fuzz.sh BUILD_DIR [SECONDS_PER_TARGET] [EXTRA libFuzzer FLAGS...]
 #   e.g. run_fuzz.sh build-fuzz 0 -runs=1000000     (a fixed number of executions instead)
-#   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all four)
+#   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all five)
 set -uo pipefail
 build=$1
 seconds=${2:-20}
@@ -19,17 +19,19 @@ trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
-for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options fuzz_checkpoint_meta}; do
+for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options fuzz_checkpoint_meta fuzz_trace}; do
   bin=$build/tests/fuzz/$target
   [ -x "$bin" ] || { echo "run_fuzz: $bin is not built"; exit 1; }
   mkdir -p "$work/$target"
   limit=()
   [ "$seconds" != 0 ] && limit=(-max_total_time="$seconds")
-  # meta.json of even a one-block model is kilobytes; the other inputs are command lines.
+  # meta.json of even a one-block model is kilobytes, a trace of one step tens of them; the other
+  # inputs are command lines.
   max_len=512
   timeout=10
   # ...and an input in fuzz_checkpoint_meta's mutation mode runs its ~940 mutations: seconds.
   [ "$target" = fuzz_checkpoint_meta ] && max_len=32768 && timeout=120
+  [ "$target" = fuzz_trace ] && max_len=32768
   "$bin" "$work/$target" "$here/corpus/$target" "${limit[@]}" -max_len=$max_len -timeout=$timeout \
     -rss_limit_mb=4096 -print_final_stats=1 "$@" >"$work/$target.log" 2>&1
   rc=$?

@@ -36,7 +36,7 @@ struct Flags {
   int64_t nodes = 0, ranks_per_node = 0;
   std::string model = "small";
   int64_t layers = 0, d_model = 0, heads = 0, kv_heads = -1, ffn = 0, vocab = 0, seq_len = 0;
-  int64_t params = 0;
+  std::string params = "0";  // a count as people write one (fsdp::parse_count): 70e9, 6.7B
   int64_t micro_batch = 1, grad_accum = 1;
   std::string precision = "fp32", reduce = "";
   std::string optimizer = "adamw";
@@ -71,14 +71,14 @@ fsdp::ModelSpec model_from(const Flags& f) {
   set(f.vocab, m.vocab);
   set(f.seq_len, m.seq_len);
   if (f.kv_heads >= 0) m.kv_heads = f.kv_heads;
-  if (f.layers || f.d_model || f.heads || f.vocab || f.params) m.name = "custom";
+  const int64_t params = fsdp::parse_count(f.params, "--params");
+  if (f.layers || f.d_model || f.heads || f.vocab || params) m.name = "custom";
   m.validate();
-  if (f.params != 0) {
+  if (params != 0) {
     // A generic transformer by parameter count: the root as the shape gives it, the rest split
     // evenly over the blocks.
-    FSDP_CHECK(f.params > 0, "--params ", f.params, " is invalid; give the parameter count");
     auto units = m.unit_counts();
-    const int64_t blocks = f.params - units[0].numel;
+    const int64_t blocks = params - units[0].numel;
     FSDP_CHECK(blocks >= m.layers, "--params ", f.params, " is smaller than the embeddings and ",
                "head alone (", units[0].numel, "); give more parameters or a smaller --vocab/--d-model");
     for (size_t i = 1; i < units.size(); ++i) {
@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", f.vocab, "vocabulary size, overriding the preset's; 0 = preset's");
   app.add_option("--seq-len", f.seq_len, "tokens per sequence, overriding the preset's; 0 = preset's");
   app.add_option("--params", f.params,
-                 "total parameters: blocks sized to reach it (a generic transformer); 0 = from the shape");
+                 "total parameters (124M, 6.7B, 70e9, ...): blocks sized to reach it (a generic "
+                 "transformer); 0 = from the shape");
   app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-step");
   app.add_option("--grad-accum", f.grad_accum, "micro-steps per optimizer step");
   app.add_option("--precision", f.precision, "gathered parameter and compute dtype: fp32, bf16, fp16");

@@ -69,23 +69,29 @@ std::string find_gnuplot() {
   return "";
 }
 
-namespace {
-
-// A gnuplot single-quoted string: '' stands for one quote; nothing else is special.
-std::string quoted(const std::string& s) {
+std::string gnuplot_quoted(const std::string& s) {
   std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("''") : std::string(1, ch);
+  for (char ch : s) {
+    out += ch == '\'' ? std::string("''")
+           : ch == '\n' || ch == '\r' ? std::string(" ")
+                                      : std::string(1, ch);
+  }
   return out + "'";
 }
+
+std::string png_terminal(int width, int height, const std::string& png) {
+  const std::string size = cat(" size ", width, ",", height, " noenhanced");
+  // gnuplot-nox has pngcairo (anti-aliased) and the libgd png terminal; prefer the former.
+  return cat("if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo", size,
+             " } else { set terminal png", size, " }\nset output ", gnuplot_quoted(png), "\n");
+}
+
+namespace {
 
 std::string script_for(const std::vector<LossCurve>& curves, const std::string& png,
                        const std::string& title) {
   std::ostringstream os;
-  // gnuplot-nox has pngcairo (anti-aliased) and the libgd png terminal; prefer the former.
-  os << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,600 "
-        "noenhanced } else { set terminal png size 1000,600 noenhanced }\n"
-     << "set output " << quoted(png) << "\n"
-     << "set title " << quoted(title) << "\n"
+  os << png_terminal(1000, 600, png) << "set title " << gnuplot_quoted(title) << "\n"
      << "set xlabel 'optimizer step'\nset ylabel 'loss (mean over the global batch)'\n"
      << "set grid\nset key top right\n";
   char buf[64];
@@ -101,7 +107,7 @@ std::string script_for(const std::vector<LossCurve>& curves, const std::string& 
   os << "plot ";
   for (size_t i = 0; i < curves.size(); ++i) {
     os << (i ? ", " : "") << "$run" << i << " using 1:2 with lines linewidth 2 title "
-       << quoted(curves[i].label);
+       << gnuplot_quoted(curves[i].label);
   }
   os << "\nunset output\n";
   return os.str();

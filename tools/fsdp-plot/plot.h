@@ -25,12 +25,19 @@ LossCurve read_metrics(const std::string& path);
 // gnuplot's path in PATH, or "" if it is not installed.
 std::string find_gnuplot();
 
-// Draws `curves` into `png` (pngcairo if gnuplot has it, else its libgd png terminal; both ship
-// with gnuplot-nox). Throws fsdp::Error if gnuplot is missing, fails (with its first error line)
-// or writes no file.
-// Runs a gnuplot `script` that draws `png` (fsdp-plan --chart). Same errors as plot_losses.
+// Runs a gnuplot `script` that draws `png` (fsdp-plan --chart, fsdp-plot --trace). Throws
+// fsdp::Error if gnuplot is missing, fails (with its first error line) or writes no file.
 void run_gnuplot_script(const std::string& script, const std::string& png);
 
+// The start of a script that draws a `width` x `height` PNG into `png`: pngcairo if gnuplot has
+// it, else its libgd png terminal (both ship with gnuplot-nox); no enhanced-text markup.
+std::string png_terminal(int width, int height, const std::string& png);
+
+// `s` as a gnuplot single-quoted string: '' stands for one quote; nothing else is special, but a
+// line break would end the command, so it becomes a space.
+std::string gnuplot_quoted(const std::string& s);
+
+// Draws `curves` into `png` with run_gnuplot_script (same errors).
 void plot_losses(const std::vector<LossCurve>& curves, const std::string& png,
                  const std::string& title);
 

@@ -306,12 +306,27 @@ void add_output_flags(CLI::App& app, TrainOptions& o) {
                  "write JSON Lines from rank 0, one object per optimizer step: step, loss (mean "
                  "over the global batch), lr, step_time_s (slowest rank), tokens_per_s (global "
                  "batch / step_time_s), and the largest over ranks of sharded_state_bytes, "
-                 "peak_rss_bytes and comm_bytes {shard, replicate, world} (payload one rank "
+                 "peak_rss_bytes, minor_faults (page faults of the step: first touches of "
+                 "fresh memory) and comm_bytes {shard, replicate, world} (payload one rank "
                  "issued in the step)")
       ->type_name("FILE")
       ->group(output);
   app.add_option("--plot", o.plot, "draw the loss curve into this PNG at the end (needs gnuplot)")
       ->type_name("FILE.png")
+      ->group(output);
+  app.add_option("--trace", o.trace,
+                 "write a timeline of --trace-steps in Chrome's trace event format (Perfetto, "
+                 "chrome://tracing, fsdp-plot --trace): every rank on rank 0's clock, each unit's "
+                 "forward and backward, each collective, the waits on them (exposed "
+                 "communication), optimizer, data, eval and checkpoints; rank 0 merges it at the "
+                 "end (a failing run writes what each rank has)")
+      ->type_name("FILE.json")
+      ->group(output);
+  app.add_option("--trace-steps", o.trace_steps,
+                 "the steps --trace records, first:last (1-based, inclusive); the first steps "
+                 "allocate, so the default skips them")
+      ->type_name("A:B")
+      ->capture_default_str()
       ->group(output);
   app.add_flag("--dry-run", o.dry_run,
                "print the topology report (mesh, groups, communication, memory per rank) and "

@@ -460,11 +460,29 @@ void split_batch(const TrainOptions& o, TrainPlan& p, int64_t world_size) {
 }
 
 // The reports (--json, --dry-run, --plan) and the output files (--metrics, --plot).
-void check_outputs(const TrainOptions& o) {
+void check_outputs(const TrainOptions& o, TrainPlan& p) {
   FSDP_CHECK(!o.json || o.dry_run || o.plan,
              "--json only applies to --dry-run and --plan; add one or drop --json");
   FSDP_CHECK(!(o.dry_run && o.plan), "--dry-run and --plan each print a report; give one");
   if (!o.metrics.empty()) check_output_path("--metrics", o.metrics);
+  {
+    // --trace-steps A:B, 1 <= A <= B; checked with or without --trace, so a typo never waits.
+    const std::string& t = o.trace_steps;
+    const size_t colon = t.find(':');
+    char* end = nullptr;
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < t.size();
+    if (ok) {
+      p.trace_first = std::strtoll(t.c_str(), &end, 10);
+      ok = end == t.c_str() + colon;
+      p.trace_last = std::strtoll(t.c_str() + colon + 1, &end, 10);
+      ok = ok && *end == '\0';
+    }
+    FSDP_CHECK(ok && p.trace_first >= 1 && p.trace_last >= p.trace_first, "--trace-steps '", t,
+               "' is invalid; give first:last with 1 <= first <= last, e.g. 3:5");
+    FSDP_CHECK(o.trace.empty() || p.trace_first <= o.steps, "--trace-steps ", t,
+               " starts after the last step (--steps ", o.steps, "); trace earlier steps");
+  }
+  if (!o.trace.empty()) check_output_path("--trace", o.trace);
   if (!o.plot.empty()) {
     check_output_path("--plot", o.plot);
     const std::string ext = ".png";
@@ -561,7 +579,7 @@ TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local
   resolve_model_flags(o, p);
   plan_strategy(o, p, world_size, local_world_size);
   split_batch(o, p, world_size);
-  check_outputs(o);
+  check_outputs(o, p);
   check_checkpoint_flags(o, p);
   check_sampling_and_optimizer(o);
   check_weights_files(o, p);

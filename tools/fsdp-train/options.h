@@ -112,6 +112,8 @@ struct TrainOptions {
   // Output.
   std::string metrics;
   std::string plot;
+  std::string trace;               // --trace FILE.json: the timeline of --trace-steps (fsdp/trace.h)
+  std::string trace_steps = "3:5"; // first:last, 1-based and inclusive (TrainPlan: parsed)
   bool dry_run = false;
   bool plan = false;  // --plan: the planner's table for this model on this machine (fsdp-plan)
   bool json = false;
@@ -138,6 +140,7 @@ struct TrainPlan {
   int64_t per_rank_batch = 1;  // sequences per rank per optimizer step: global_batch / world
   int64_t micro_batch = 1;     // sequences per rank per micro-step: per_rank_batch / grad_accum
   bool bf16 = false;
+  int64_t trace_first = 3, trace_last = 5;  // --trace-steps
   fsdp::HeapPolicy heap = fsdp::HeapPolicy::kRetain;
   bool deferred_init = true;  // --init deferred
   DataSource data;

@@ -6,23 +6,26 @@
 
 #include "fsdp/error.h"
 #include "fsdp/planner.h"
-#include "gpt.h"
+#include "gpt2.h"
 #include "train.h"
 
 namespace fsdp_train {
 
 int run_plan(const TrainOptions& o, const TrainPlan& p) {
-  auto net = std::make_shared<GPTImpl>(p.preset);
-  freeze_parameters(*net, o.freeze);
+  // The model this run would train (GPT-2 or a byte GPT), for its exact units; the shape for
+  // the FLOPs and activations.
+  auto net = make_model(p.preset, o.freeze);
+  freeze_parameters(*net, o.freeze);  // the root's; each block froze its own
   fsdp::ModelSpec model;
   model.name = p.preset.name;
   model.layers = p.preset.n_layers;
   model.hidden = p.preset.d_model;
   model.heads = p.preset.n_heads;
-  model.vocab = kVocab;
+  model.vocab = p.preset.vocab;
   model.seq_len = o.seq_len;
   model.positions = p.preset.context;
   model.biases = true;
+  model.tied_embeddings = p.preset.gpt2;
   model.units = fsdp::plan_units(*net, p.strategy.auto_wrap_policy(), 1);
 
   fsdp::ClusterSpec cluster = fsdp::this_machine_cluster();

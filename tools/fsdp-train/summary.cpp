@@ -32,6 +32,37 @@ std::string rate(double bytes, double seconds) {
              fsdp::format_bytes(bytes / std::max(seconds, 1e-9)), "/s)");
 }
 
+// Minor page faults per step (largest rank), the first steps apart: they allocate for good.
+// Steady steps that fault are touching fresh memory every step (NOTE [gradient pool]).
+void print_faults(const std::vector<StepRecord>& steps) {
+  const size_t first = std::min<size_t>(3, steps.size() - 1);
+  std::vector<double> steady;
+  for (size_t i = first; i < steps.size(); ++i) steady.push_back(steps[i].max[kMinorFaults]);
+  std::sort(steady.begin(), steady.end());
+  row("  page faults", cat(fsdp::format_count(steady[steady.size() / 2]), " minor faults per step",
+                           first > 0 ? cat(" after step ", first) : std::string(),
+                           " (median; step 1: ", fsdp::format_count(steps[0].max[kMinorFaults]),
+                           "; largest rank, whole process)"));
+}
+
+// --trace: the file, and each rank's exposed communication (its training thread's waits on
+// collectives) over the traced steps.
+void print_trace(const TrainOptions& o, const TrainPlan& p, const fsdp::TraceSummary& t) {
+  double uncertainty = 0;
+  for (double u : t.uncertainty_us) uncertainty = std::max(uncertainty, u);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f", uncertainty);
+  row("trace", cat(o.trace, " (steps ", p.trace_first, " to ", p.trace_last, ", ", t.events,
+                   " events; every rank on rank 0's clock within ", buf, " us)"));
+  std::string ranks;
+  for (size_t r = 0; r < t.exposed_fraction.size(); ++r) {
+    std::snprintf(buf, sizeof buf, "%s%zu: %.1f%%", r ? ", " : "", r, 100 * t.exposed_fraction[r]);
+    ranks += buf;
+  }
+  row("  exposed communication", cat(ranks, " of the step (trace: the training thread's waits "
+                                     "on collectives)"));
+}
+
 // The summary's memory lines: each rank's largest, and where rank 0's goes.
 void print_memory(const double (&peak)[kNumStats], double replica, const MemoryAccount& account) {
   char buf[256];
@@ -116,7 +147,8 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c) {
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
                    const ValLosses& val, const fsdp::TopologyReport& report, double total_s,
                    const CheckpointLog& ckpt, const std::string& backend, const std::string& heap,
-                   const Construction& construction, const MemoryAccount& account) {
+                   const Construction& construction, const MemoryAccount& account,
+                   const std::optional<fsdp::TraceSummary>& trace) {
   if (steps.empty()) {
     std::printf("\nfsdp-train summary: no steps to train (the checkpoint is at --steps %lld)\n",
                 static_cast<long long>(o.steps));
@@ -170,7 +202,9 @@ void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<
                 static_cast<long long>(tokens_per_step));
   row("throughput", buf);
   print_memory(peak, replica, account);
+  print_faults(steps);
   print_communication(mean, report.comm);
+  if (trace) print_trace(o, p, *trace);
   print_checkpoints(o, ckpt);
   if (!o.metrics.empty()) row("metrics", o.metrics);
   std::fflush(stdout);

@@ -11,6 +11,7 @@
 #include "build_model.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/report.h"
+#include "fsdp/trace.h"
 #include "memory_account.h"
 #include "options.h"
 
@@ -30,6 +31,7 @@ enum Stat : int64_t {
   kCommReplicate,  // ... on the replicate group
   kCommWorld,      // ... on the world group (not counting these metrics)
   kSignal,         // a --save-on-signal signal this rank received, 0 if none (NOTE [preemption])
+  kMinorFaults,    // minor page faults of the whole process during the step (getrusage)
   kNumStats,
 };
 
@@ -66,6 +68,7 @@ void print_checkpoints(const TrainOptions& o, const CheckpointLog& c);
 void print_summary(const TrainOptions& o, const TrainPlan& p, const std::vector<StepRecord>& steps,
                    const ValLosses& val, const fsdp::TopologyReport& report, double total_s,
                    const CheckpointLog& ckpt, const std::string& backend, const std::string& heap,
-                   const Construction& construction, const MemoryAccount& account);
+                   const Construction& construction, const MemoryAccount& account,
+                   const std::optional<fsdp::TraceSummary>& trace);
 
 }  // namespace fsdp_train

@@ -34,7 +34,7 @@ std::string printable(std::string s) {
 // Rank 0, after the job: the summary, --sample's text and the --plot.
 void print_results(const TrainOptions& o, const TrainPlan& p, const RunLog& log, double total_s) {
   print_summary(o, p, log.records, log.val_losses, log.report, total_s, log.ckpt, log.backend,
-                log.heap, log.construction, log.account);
+                log.heap, log.construction, log.account, log.trace);
   if (o.sample > 0) {
     std::printf("\nfsdp-train: sample (%lld bytes, temperature %g, seed %lld):\n%s%s\n",
                 static_cast<long long>(o.sample), o.temperature, static_cast<long long>(o.seed),

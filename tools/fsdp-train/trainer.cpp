@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 #include <random>
 
 #include "fsdp/checkpoint.h"
@@ -34,6 +35,12 @@ int64_t peak_rss_bytes() {
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "... kB"
   }
   return 0;
+}
+
+// Minor page faults of the whole process so far (every thread's): first touches of fresh memory.
+int64_t minor_faults() {
+  struct rusage u {};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
 }
 
 // Linear warm-up to the peak over warmup_steps, then constant (--lr-schedule constant) or cosine
@@ -294,6 +301,33 @@ int64_t Trainer::resume() {
 
 int Trainer::run() {
   first_step_ = resume();
+  if (!o_.trace.empty()) {
+    fsdp::TraceOptions t;
+    t.path = o_.trace;
+    t.first_step = p_.trace_first;
+    t.last_step = p_.trace_last;
+    t.strategy = fsdp::to_string(p_.sharding.strategy);
+    t.mesh = {p_.sharding.replicate_size(), p_.sharding.shard_size()};
+    trace_.emplace(runtime_, t);
+  }
+  if (!trace_) return train_all();
+  try {
+    const int rc = train_all();
+    log_.trace = trace_->finish();
+    return rc;
+  } catch (const std::exception& e) {
+    // What this rank recorded, for the failure's post-mortem; the error itself goes on.
+    const std::string written = trace_->write_partial(e.what());
+    if (!written.empty()) std::fprintf(stderr, "fsdp-train: --trace: wrote %s\n", written.c_str());
+    throw;
+  }
+}
+
+fsdp::Trace::Span Trainer::span(const char* category, const char* name) const {
+  return trace_ ? trace_->span(category, name) : fsdp::Trace::Span();
+}
+
+int Trainer::train_all() {
   preempt_.emplace(p_.save_signals);
   train_start_ = Clock::now();
   if (first_step_ == 0) validate(0);  // llm.c's convention: also before any update
@@ -309,17 +343,27 @@ int Trainer::run() {
 }
 
 void Trainer::train_step(int64_t step) {
+  if (trace_) trace_->begin_step(step + 1);
   const auto t0 = Clock::now();
+  const int64_t faults_before = minor_faults();
   const auto comm_before = model_.comm_counters();
   const std::vector<int64_t> offsets = sampler_.next();
   const double lr = set_lr(step);
   const double loss = accumulate_gradients(step, offsets);
   log_.account.sample(step + 1, "backward", model_.memory_stats(&optimizer_));
-  if (o_.clip_grad > 0) model_.clip_grad_norm(o_.clip_grad);
-  optimizer_.step();
+  if (o_.clip_grad > 0) {
+    auto s = span("optimizer", "clip_grad");
+    model_.clip_grad_norm(o_.clip_grad);
+  }
+  {
+    auto s = span("optimizer", "optimizer");
+    optimizer_.step();
+  }
   const double step_time = seconds_since(t0);
+  if (trace_) trace_->end_step();
+  const int64_t faults = minor_faults() - faults_before;
 
-  const StepRecord rec = gather_metrics(loss, step_time, lr, comm_before);
+  const StepRecord rec = gather_metrics(loss, step_time, lr, comm_before, faults);
   // rec.loss is the same number on every rank, so every rank stops here together.
   FSDP_CHECK(std::isfinite(rec.loss), "the loss is ", rec.loss, " at step ", step + 1,
              "; training diverged: lower --lr (", o_.lr, ") or enable --clip-grad");
@@ -346,21 +390,28 @@ double Trainer::accumulate_gradients(int64_t step, const std::vector<int64_t>& o
   const int64_t K = o_.grad_accum, T = o_.seq_len;
   // Gradients freed, not zeroed (libtorch 1.13's zero_grad() zeroes them and keeps them):
   // the forward then runs without a gradient copy of the model in memory, as on 2.x.
-  for (auto& group : optimizer_.param_groups()) {
-    for (auto& param : group.params()) param.mutable_grad().reset();
+  {
+    auto s = span("optimizer", "zero_grad");
+    for (auto& group : optimizer_.param_groups()) {
+      for (auto& param : group.params()) param.mutable_grad().reset();
+    }
   }
   double loss_sum = 0;
   for (int64_t k = 0; k < K; ++k) {
+    auto data = span("data", "data");
     auto tokens = batch_tokens(data_, offsets, rank_ * p_.per_rank_batch + k * p_.micro_batch,
                                p_.micro_batch, T)
                       .to(runtime_->device());  // cpu, or this rank's GPU with NCCL
+    data.end();
     // Micro-steps before the last skip what --grad-sync allows (see NOTE [gradient
     // averaging] in fsdp/sharded.h: the engine averages over ranks, we over micro-steps).
     auto no_sync = model_.no_sync(/*enabled=*/k + 1 < K);
     auto logits = model_(tokens.narrow(1, 0, T));
+    auto loss_span = span("loss", "loss");
     auto loss = torch::nn::functional::cross_entropy(
         logits.to(torch::kFloat).reshape({-1, logits.size(-1)}),
         tokens.narrow(1, 1, T).reshape({-1}));
+    loss_span.end();
     if (k + 1 == K) log_.account.sample(step + 1, "forward", model_.memory_stats(&optimizer_));
     (loss / double(K)).backward();
     loss_sum += loss.item<double>();
@@ -371,7 +422,7 @@ double Trainer::accumulate_gradients(int64_t step, const std::vector<int64_t>& o
 // Per-step metrics: one all_gather of a few numbers per rank on the world group.
 StepRecord Trainer::gather_metrics(
     double loss, double step_time, double lr,
-    const std::vector<std::pair<std::string, fsdp::CommCounters>>& before) {
+    const std::vector<std::pair<std::string, fsdp::CommCounters>>& before, int64_t faults) {
   const int64_t W = world_size_;
   const c10::Device device = runtime_->device();
   const auto comm_after = model_.comm_counters();
@@ -384,6 +435,7 @@ StepRecord Trainer::gather_metrics(
   m[kGatheredPeak] = double(mem.unsharded_peak_bytes);
   m[kPeakRss] = double(peak_rss_bytes());
   m[kSignal] = double(preempt_->received());
+  m[kMinorFaults] = double(faults);
   for (size_t g = 0; g < comm_after.size(); ++g) {
     const double bytes = double((comm_after[g].second - before[g].second).total_bytes());
     const std::string& kind = comm_after[g].first;
@@ -434,6 +486,7 @@ void Trainer::log_step(int64_t step, const StepRecord& rec, double blocked_by_sa
     j["tokens_per_s"] = rec.tokens_per_s;
     j["sharded_state_bytes"] = static_cast<int64_t>(rec.max[kShardedState]);
     j["peak_rss_bytes"] = static_cast<int64_t>(rec.max[kPeakRss]);
+    j["minor_faults"] = static_cast<int64_t>(rec.max[kMinorFaults]);
     j["comm_bytes"] = {{"shard", static_cast<int64_t>(rec.max[kCommShard])},
                        {"replicate", static_cast<int64_t>(rec.max[kCommReplicate])},
                        {"world", static_cast<int64_t>(rec.max[kCommWorld])}};
@@ -451,6 +504,7 @@ void Trainer::log_step(int64_t step, const StepRecord& rec, double blocked_by_sa
 
 void Trainer::validate(int64_t steps_done) {
   if (!val_) return;
+  auto s = span("eval", "eval");
   const double v = validation_loss(model_, net_, *val_, o_.eval_batches, o_.global_batch,
                                    o_.seq_len, p_.per_rank_batch, p_.micro_batch, *runtime_);
   FSDP_CHECK(std::isfinite(v), "the validation loss is ", v, " at step ", steps_done,

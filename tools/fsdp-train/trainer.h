@@ -16,6 +16,7 @@
 #include "fsdp/async_checkpoint.h"
 #include "fsdp/report.h"
 #include "fsdp/runtime.h"
+#include "fsdp/trace.h"
 #include "batches.h"
 #include "build_model.h"
 #include "memory_account.h"
@@ -40,6 +41,7 @@ struct RunLog {
   std::string heap;     // what --heap did
   std::string sample;   // --sample's bytes
   fsdp::TopologyReport report;
+  std::optional<fsdp::TraceSummary> trace;  // --trace: what the timeline measured
   Construction construction;
   MemoryAccount account;  // rank 0's memory at its largest end of forward or backward
 };
@@ -59,6 +61,7 @@ class Trainer {
   int run();
 
  private:
+  int train_all();  // run() without --trace's failure path
   using Clock = std::chrono::steady_clock;
 
   // Member initialisers, in member order (see below).
@@ -74,7 +77,8 @@ class Trainer {
   // returns this rank's mean loss over them.
   double accumulate_gradients(int64_t step, const std::vector<int64_t>& offsets);
   StepRecord gather_metrics(double loss, double step_time, double lr,
-                            const std::vector<std::pair<std::string, fsdp::CommCounters>>& before);
+                            const std::vector<std::pair<std::string, fsdp::CommCounters>>& before,
+                            int64_t faults);
   double checkpoint_after(int64_t step);  // seconds a background save blocked, or -1
   void log_step(int64_t step, const StepRecord& rec, double blocked_by_save);  // rank 0: --metrics
   void validate(int64_t steps_done);
@@ -104,6 +108,9 @@ class Trainer {
   BatchSampler sampler_;
   fsdp::AsyncCheckpointer saver_;
   bool staging_reserved_ = false;  // saver_.reserve() called (after the first step run)
+  std::optional<fsdp::Trace> trace_;  // --trace, from run() on
+  // An event of the training thread in --trace's timeline (nothing without --trace).
+  fsdp::Trace::Span span(const char* category, const char* name) const;
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
   // Checkpoints --resume-fallback skipped as damaged (a checksum): never pruned as complete.
   std::vector<std::string> damaged_;
