@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "checkpoint/meta.h"
+#include "checkpoint/optimizer_state.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "models.h"
@@ -103,7 +105,9 @@ TEST(CheckpointMeta, EveryDamageIsRefusedBeforeAnyByteIsRead) {
   expect_refused([](auto& j) { j["files"][0]["name"] = "shard-9.bin"; },
                  "is missing 'shard-9.bin'");
   expect_refused([](auto& j) { j["rng"]["world_size"] = int64_t(1) << 62; },
-                 "rng sizes are inconsistent");
+                 "rng holds the states of 4611686018427387904 ranks but the checkpoint was "
+                 "written by 2");
+  expect_refused([](auto& j) { j["rng"]["bytes_per_rank"] = 3; }, "rng sizes are inconsistent");
   expect_refused([](auto& j) { j["tensors"] = 5; }, "has no list 'tensors'");
   expect_refused([](auto& j) { j = nlohmann::json::array(); }, "is not valid JSON");
   try {
@@ -112,6 +116,118 @@ TEST(CheckpointMeta, EveryDamageIsRefusedBeforeAnyByteIsRead) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("meta.json is not valid JSON (it is empty)"),
               std::string::npos) << e.what();
+  }
+}
+
+// The index in the good meta.json's tensors of (kind, name[, field]).
+size_t entry_index(const nlohmann::json& j, const std::string& kind, const std::string& name,
+                   const std::string& field = "") {
+  for (size_t i = 0; i < j["tensors"].size(); ++i) {
+    const auto& t = j["tensors"][i];
+    if (t["kind"] == kind && t["name"] == name && (field.empty() || t["field"] == field)) return i;
+  }
+  throw std::runtime_error("no " + kind + " " + name + " " + field + " in the good meta.json");
+}
+
+// Issue 38: entries that are each fine but together are not the whole state.
+TEST(CheckpointMeta, AnIncompleteOrDoubledManifestIsRefused) {
+  const std::string w = "checkpoint '/nonexistent/step-00000001': meta.json";
+  const auto erase = [](const std::string& kind, const std::string& name, const std::string& field) {
+    return [=](nlohmann::json& j) {
+      j["tensors"].erase(j["tensors"].begin() +
+                         static_cast<std::ptrdiff_t>(entry_index(j, kind, name, field)));
+    };
+  };
+  expect_refused(erase("optim", "head.weight", "exp_avg"),
+                 w + " has no 'exp_avg' of 'head.weight' (every parameter with adamw state has one);"
+                     " the checkpoint is incomplete: use an earlier one");
+  expect_refused(erase("optim", "head.weight", "exp_avg_sq"), " has no 'exp_avg_sq' of 'head.weight'");
+  expect_refused(erase("param", "head.weight", ""),
+                 " has optimizer state 'exp_avg' of 'head.weight' but no parameter 'head.weight'");
+  expect_refused([](nlohmann::json& j) {
+                   const auto i = entry_index(j, "optim", "head.weight", "exp_avg");
+                   j["tensors"].push_back(j["tensors"][i]);
+                 },
+                 w + " lists optim/exp_avg/head.weight twice; the checkpoint is inconsistent");
+  expect_refused([](nlohmann::json& j) {
+                   j["tensors"].push_back(j["tensors"][entry_index(j, "param", "head.weight")]);
+                 },
+                 " lists param/head.weight twice");
+  expect_refused([](nlohmann::json& j) {
+                   j["tensors"][entry_index(j, "param", "head.weight")]["optim_step"] = nullptr;
+                 },
+                 " has no optimizer step of 'head.weight' (adamw state has one)");
+  expect_refused([](nlohmann::json& j) {
+                   j["tensors"][entry_index(j, "param", "head.weight")]["optim_state"] = false;
+                 },
+                 " has optimizer state 'exp_avg' of 'head.weight', whose parameter entry says it "
+                 "has none");
+  expect_refused([](nlohmann::json& j) {
+                   j["tensors"][entry_index(j, "optim", "head.weight", "exp_avg")]["field"] = "sum";
+                 },
+                 " has optimizer state 'sum' of 'head.weight', a field adamw does not store");
+  expect_refused([](nlohmann::json& j) {  // same element count, another shape
+                   auto& t = j["tensors"][entry_index(j, "optim", "head.weight", "exp_avg")];
+                   auto shape = t["shape"].get<std::vector<int64_t>>();
+                   t["shape"] = std::vector<int64_t>(shape.rbegin(), shape.rend());
+                 },
+                 "but the parameter's shape is");
+  expect_refused([](nlohmann::json& j) { j["optimizer"] = nullptr; }, "but no optimizer");
+  expect_refused([](nlohmann::json& j) { j["optimizer"]["type"] = "lion"; },
+                 "holds state of optimizer 'lion', which this fsdp.cpp does not know");
+  expect_refused([](nlohmann::json& j) { j["rng"]["world_size"] = 1; },
+                 w + " rng holds the states of 1 ranks but the checkpoint was written by 2");
+  expect_refused([](nlohmann::json& j) {  // a chunk moved onto its neighbour's bytes
+                   j["tensors"][1]["chunks"][0]["offset"] =
+                       j["tensors"][1]["chunks"][0]["offset"].get<int64_t>() - 4;
+                 },
+                 "of 'shard-0.bin', inside the chunk before it");
+  expect_refused([](nlohmann::json& j) {  // and off its start: the bytes it left are nobody's
+                   j["tensors"][0]["chunks"][0]["offset"] =
+                       j["tensors"][0]["chunks"][0]["offset"].get<int64_t>() + 4;
+                 },
+                 ": bytes 0-4 of 'shard-0.bin' belong to no tensor");
+  // A whole tensor gone with its state: its file bytes belong to nobody.
+  expect_refused([](nlohmann::json& j) {
+                   for (const char* f : {"exp_avg_sq", "exp_avg", ""}) {
+                     const std::string kind = *f ? "optim" : "param";
+                     j["tensors"].erase(j["tensors"].begin() + static_cast<std::ptrdiff_t>(
+                                                                   entry_index(j, kind, "head.weight", f)));
+                   }
+                 },
+                 "belong to no tensor (an entry or chunk is missing)");
+  // "rng": null is a checkpoint that says it holds no RNG: complete without rng.bin.
+  parse_edited([](nlohmann::json& j) {
+    j["rng"] = nullptr;
+    for (size_t k = 0; k < j["files"].size(); ++k) {
+      if (j["files"][k]["name"] == "rng.bin") j["files"].erase(j["files"].begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  });
+}
+
+// The fields manifest.cpp requires of each optimizer type are the ones optimizer_state.cpp saves.
+TEST(CheckpointMeta, SavedFieldsAreTheOptimizersFields) {
+  auto p = torch::zeros({2}, torch::requires_grad());
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
+  opts.push_back(std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p}));
+  opts.push_back(std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{p}));
+  opts.push_back(std::make_unique<torch::optim::RMSprop>(std::vector<at::Tensor>{p}));
+  opts.push_back(std::make_unique<torch::optim::Adagrad>(std::vector<at::Tensor>{p}));
+  opts.push_back(std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{p},
+                                                     torch::optim::SGDOptions(0.1)));
+  ASSERT_EQ(opts.size(), fsdp::detail::saved_optimizers().size());
+  for (const auto& o : opts) {
+    const auto kind = fsdp::detail::optimizer_kind(*o);
+    const fsdp::detail::SavedOptimizer* saved = nullptr;
+    for (const auto& s : fsdp::detail::saved_optimizers()) {
+      if (s.type == kind.name) saved = &s;
+    }
+    ASSERT_NE(saved, nullptr) << kind.name;
+    std::set<std::string> fields, table(saved->required.begin(), saved->required.end());
+    table.insert(saved->optional.begin(), saved->optional.end());
+    for (const auto& f : kind.fields) fields.insert(f.name);
+    EXPECT_EQ(fields, table) << kind.name;
+    EXPECT_EQ(saved->step, static_cast<bool>(kind.get_step)) << kind.name;
   }
 }
 

@@ -477,7 +477,9 @@ TEST(Train, BadInputFailsInOneLineBeforeLaunching) {
       {{"--data", dir.file("empty.txt")}, "is empty"},
       {{"--data", dir.file("short.txt"), "--seq-len", "32"}, "has 10 tokens, fewer than the 33 tokens"},
       {{"--data", dir.path()}, "is a directory"},
-      {{"--metrics", "/nonexistent-dir/m.jsonl"}, "'/nonexistent-dir' does not exist"},
+      // A missing directory is created; one that cannot be (a file in the way) is refused.
+      {{"--metrics", "/dev/null/m.jsonl"},
+       "directory '/dev/null' cannot be created ('/dev/null' is not a directory)"},
       {{"--plot", dir.file("loss.jpg")}, "loss.jpg"},
       {{"--plot", dir.file("loss.png")}, "gnuplot", {{"PATH", "/nonexistent"}}},
       {{"--json"}, "--json only applies to --dry-run"},

@@ -318,7 +318,13 @@ TEST(TrainCheckpoint, BadFlagsFailBeforeStarting) {
            {{"--resume"}, "--resume needs --checkpoint-dir DIR"},
            {{"--checkpoint-every=2"}, "--checkpoint-every needs --checkpoint-dir DIR"},
            {{"--checkpoint-dir=" + file}, "is not a directory"},
-           {{"--checkpoint-dir=" + tmp / "a/b/c"}, "does not exist and cannot be created"},
+           {{"--checkpoint-dir=" + file + "/b/c"},
+            "--checkpoint-dir '" + file + "/b/c' does not exist and cannot be created ('" + file +
+                "' is not a directory); choose another place"},
+           {{"--metrics=" + file + "/m.jsonl"},
+            "--metrics '" + file + "/m.jsonl': directory '" + file + "' cannot be created ('" +
+                file + "' is not a directory)"},
+           {{"--export-full=" + file + "/x/model.pt"}, "' is not a directory)"},
            {{"--export-full=" + tmp / "x.txt"}, "must end in .pt"},
            {{"--checkpoint-dir=" + tmp / "d", "--keep-last=-1"}, "--keep-last -1 is invalid"},
            {{"--sample=-3"}, "--sample -3 is invalid"},
@@ -327,7 +333,23 @@ TEST(TrainCheckpoint, BadFlagsFailBeforeStarting) {
     auto r = train(flags);
     EXPECT_EQ(r.exit_code(), 2) << r.output;
     EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("fsdp-train summary"), std::string::npos) << r.output;
   }
+}
+
+// Issue 38: the missing parents of every output path are created before the ranks start, as
+// PyTorch's distributed checkpoint writer and Lightning do.
+TEST(TrainCheckpoint, MissingParentsOfOutputsAreCreated) {
+  TempDir tmp;
+  const std::string ck = tmp / "runs/exp1/ckpt", metrics = tmp / "out/m/metrics.jsonl",
+                    full = tmp / "exp/x/model.safetensors";
+  auto r = run(train_args({"--steps=2", "--quiet", "--devices=2"},
+                          {"--checkpoint-dir=" + ck, "--metrics=" + metrics, "--export-full=" + full}),
+               {}, 180s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(fs::exists(ck + "/step-00000002/meta.json")) << r.output;
+  EXPECT_EQ(metrics_losses(metrics).size(), 2u);
+  EXPECT_TRUE(fs::is_regular_file(full));
 }
 
 }  // namespace

@@ -77,19 +77,13 @@ void edit_meta(const std::string& ckpt, const std::function<void(nlohmann::json&
   std::ofstream(ckpt + "/meta.json") << j.dump();
 }
 
-// The ranks whose "fsdp-train: error:" lines contain `text` (the launcher merges identical
-// lines as "ranks 0,1: ..." or "ranks 0-1: ...").
-std::set<int> ranks_saying(const std::string& output, const std::string& text) {
-  std::set<int> ranks;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("fsdp-train: error: ", 0) != 0 || line.find(text) == std::string::npos) continue;
-    const std::string who = line.substr(19, line.find(':', 19) - 19);
-    if (who == "ranks 0,1" || who == "ranks 0-1") ranks.insert({0, 1});
-    if (who == "rank 0") ranks.insert(0);
-    if (who == "rank 1") ranks.insert(1);
-  }
-  return ranks;
+// Flips one bit of byte `at` of `file`: same size, another checksum.
+void flip_byte(const std::string& file, int64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  const char c = static_cast<char>(f.get());
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 1));
 }
 
 struct Row {
@@ -192,6 +186,46 @@ TEST(TrainResume, FallbackNamesWhatItSkipsAndResumesTheNewestValid) {
   EXPECT_EQ(lines, 2) << "steps 3 and 4 trained again";
 }
 
+// Issue 38: a flipped byte is found only by reading (rank 0's shard file: rank 1 sees nothing
+// wrong), and --resume-fallback steps over it as over structural damage: every rank moves on to
+// step 2, whose losses equal a resume from step 2 alone; pruning keeps the damaged entry as
+// evidence and does not count it among --keep-last.
+TEST(TrainResume, FallbackSkipsAChecksumMismatchLikeADirectResumeFromTheOlderEntry) {
+  TempDir tmp;
+  const std::string dir = copy_of(tmp, "ck", {2, 4});
+  flip_byte(dir + "/step-00000004/shard-0.bin", 40);
+  const std::string direct = copy_of(tmp, "direct", {2});
+  auto a = run(args({"--steps=3", "--checkpoint-dir=" + dir, "--resume", "--resume-fallback",
+                     "--checkpoint-every=1", "--keep-last=1", "--metrics=" + tmp / "a.jsonl"}),
+               {}, 180s);
+  ASSERT_EQ(a.exit_code(), 0) << a.output;
+  EXPECT_NE(a.output.find("fsdp-train: --resume-fallback: skipping " + dir + "/step-00000004: "),
+            std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("'shard-0.bin' is corrupted (CRC-32C mismatch"), std::string::npos)
+      << a.output;
+  EXPECT_NE(a.output.find("resumed from " + dir + "/step-00000002 at step 2"), std::string::npos)
+      << a.output;
+  EXPECT_TRUE(fs::exists(dir + "/step-00000004")) << "the evidence was pruned";
+  EXPECT_TRUE(fs::exists(dir + "/step-00000003")) << "the new checkpoint was pruned";
+  EXPECT_FALSE(fs::exists(dir + "/step-00000002")) << "--keep-last 1 counted the damaged entry";
+  auto b = run(args({"--steps=3", "--checkpoint-dir=" + direct, "--resume",
+                     "--metrics=" + tmp / "b.jsonl"}),
+               {}, 180s);
+  ASSERT_EQ(b.exit_code(), 0) << b.output;
+  const auto la = metrics_losses(tmp / "a.jsonl"), lb = metrics_losses(tmp / "b.jsonl");
+  ASSERT_EQ(la.size(), 1u);
+  EXPECT_EQ(la, lb) << "the fallback's resume differs from a direct resume from step 2";
+  // Without the flag: as before, every rank fails on the checksum and nothing trains.
+  const std::string plain = copy_of(tmp, "plain", {2, 4});
+  fs::copy_file(dir + "/step-00000004/shard-0.bin", plain + "/step-00000004/shard-0.bin",
+                fs::copy_options::overwrite_existing);
+  auto c = run(args({"--steps=6", "--checkpoint-dir=" + plain, "--resume"}), {}, 180s);
+  EXPECT_NE(c.exit_code(), 0) << c.output;
+  EXPECT_EQ(ranks_saying(c.output, "is corrupted (CRC-32C mismatch"), (std::set<int>{0, 1}))
+      << c.output;
+  EXPECT_EQ(c.output.find("fsdp-train summary"), std::string::npos) << c.output;
+}
+
 TEST(TrainResume, StartsFreshOnlyWithoutAnyCheckpoint) {
   TempDir tmp;
   fs::create_directories(tmp / "ck/step-00000002.partial");  // a crash during the first save
@@ -208,7 +242,7 @@ TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
   const std::string dir = copy_of(tmp, "ck", {2, 4});
   auto r = run({kTrain, "--check-checkpoint", dir + "/step-00000004"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (every file's size and CRC-32C checked)"),
+  EXPECT_NE(r.output.find(dir + "/step-00000004: valid (meta.json complete, every file's size and CRC-32C checked)"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 4, format 2, FULL_SHARD on mesh (1, 2), world 2, optimizer adamw, "
                           "RNG saved"),
@@ -216,13 +250,7 @@ TEST(TrainResume, CheckCheckpointVerifiesWithoutACluster) {
   EXPECT_NE(r.output.find("111 tensors (137.0 k parameters), 4 files, "), std::string::npos)
       << r.output;
   // A flipped byte: meta.json and the sizes are fine, so only reading every byte finds it.
-  {
-    std::fstream f(dir + "/step-00000004/shard-0.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(40);
-    const char c = static_cast<char>(f.get());
-    f.seekp(40);
-    f.put(static_cast<char>(c ^ 1));
-  }
+  flip_byte(dir + "/step-00000004/shard-0.bin", 40);
   r = run({kTrain, "--check-checkpoint", dir});
   EXPECT_EQ(r.exit_code(), 1) << r.output;
   EXPECT_NE(r.output.find(dir + "/step-00000002: valid"), std::string::npos) << r.output;

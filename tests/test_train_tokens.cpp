@@ -350,6 +350,39 @@ TEST(Gpt2, LlmcExportThenInitFromGivesIdenticalLosses) {
   EXPECT_EQ(read_metrics(dir / "b.jsonl").val.at(0), read_metrics(dir / "a.jsonl").val.at(3));
 }
 
+// Issue 38: an llm.c model file gives its shape (here context 64, not the preset's 1024, and 2
+// blocks of width 64): --model gpt2 --init-from needs no shape flags, and one that differs from
+// the file is an error naming the flag that would match.
+TEST(Gpt2, InitFromTakesTheLlmcFilesShape) {
+  TempDir dir;
+  write_llmc_tokens(dir / "train.bin", make_tokens(20000, 5));
+  write_llmc_tokens(dir / "val.bin", make_tokens(2000, 6));
+  auto argv = gpt2_args({"--data", dir / "train.bin", "--val-data", dir / "val.bin",
+                         "--eval-batches=2", "--context=64", "--steps=2", "--export-llmc",
+                         dir / "model.bin", "--metrics", dir / "a.jsonl"});
+  auto r = run(argv, {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const std::vector<std::string> bare = {kTrain, "--model=gpt2", "--init-from", dir / "model.bin",
+                                         "--data", dir / "train.bin", "--val-data",
+                                         dir / "val.bin", "--eval-batches=2", "--global-batch=4",
+                                         "--seq-len=32", "--steps=1", "--quiet"};
+  argv = bare;
+  argv.insert(argv.end(), {"--metrics", dir / "b.jsonl"});
+  r = run(argv, {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(read_metrics(dir / "b.jsonl").val.at(0), read_metrics(dir / "a.jsonl").val.at(2));
+  argv = bare;
+  argv.push_back("--context=1024");
+  expect_usage_error(argv, "is another shape than --model gpt2 (d 64, 2 blocks, 4 heads): the "
+                           "file has context 64 (the model has 1024; --context 64)");
+  argv = bare;
+  argv.push_back("--layers=3");
+  expect_usage_error(argv, "the file has layers 2 (the model has 3; --layers 2)");
+  argv = bare;
+  argv.push_back("--seq-len=65");
+  expect_usage_error(argv, "--seq-len 65 is outside 1..64");
+}
+
 // The same file and token batch in an independent PyTorch GPT-2: the first loss within 1e-5, and
 // after five AdamW steps with llm.c's settings still within 1e-4, for three strategies.
 TEST(Gpt2, ParityWithPyTorch) {

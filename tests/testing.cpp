@@ -369,4 +369,17 @@ void expect_every_rank_fails(int64_t world, const std::function<void(Runtime&)>&
   }
 }
 
+std::set<int> ranks_saying(const std::string& output, const std::string& text) {
+  std::set<int> ranks;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("fsdp-train: error: ", 0) != 0 || line.find(text) == std::string::npos) continue;
+    const std::string who = line.substr(19, line.find(':', 19) - 19);
+    if (who == "ranks 0,1" || who == "ranks 0-1") ranks.insert({0, 1});
+    if (who == "rank 0") ranks.insert(0);
+    if (who == "rank 1") ranks.insert(1);
+  }
+  return ranks;
+}
+
 }  // namespace fsdp::testing

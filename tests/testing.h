@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,10 @@ inline const std::string kTrain = tool_dir() + "/fsdp-train";
 // twice takes its last value, so both may override the defaults.
 std::vector<std::string> train_args(const std::vector<std::string>& flags,
                                     const std::vector<std::string>& extra = {});
+
+// The ranks 0 and 1 whose "fsdp-train: error:" lines in `output` contain `text` (the launcher
+// merges identical lines as "ranks 0,1: ..." or "ranks 0-1: ...").
+std::set<int> ranks_saying(const std::string& output, const std::string& text);
 
 // Runs `fn` on `world` ranks (run_ranks); every rank must throw fsdp::Error whose message is one
 // line containing `expected`. A rank that returns, or throws anything else, fails the test.

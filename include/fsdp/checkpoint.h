@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/error.h"
 #include "fsdp/sharded.h"
 
 namespace torch::nn {
@@ -97,11 +98,24 @@ CheckpointInfo save_checkpoint(const std::string& path, ShardedModuleBase& model
                                const TrainingState& state = {},
                                const CheckpointOptions& options = {});
 
+// What load_checkpoint throws, on every rank and before anything changed, when the checkpoint
+// itself cannot be used: meta.json refused (every check of list_checkpoints, a future format
+// version included), a file missing or short, a checksum mismatch found while reading. The model, optimizer and state are as they were, so the
+// caller may load an older checkpoint instead (fsdp-train --resume-fallback does). A checkpoint
+// that does not fit the model (names, shapes, optimizer type) is a plain fsdp::Error: an older
+// one of the same run would not fit either.
+class CheckpointDamagedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Restores a checkpoint written by save_checkpoint on any mesh, strategy, world size or wrap
 // policy. `optimizer` (may be null: parameters only) must be of the saved type; its state is
-// replaced. `state` (may be null) receives the caller's state. Collective. Throws fsdp::Error on
-// every rank — before changing anything — for a missing, truncated or corrupted file, a future
-// format version, or a model whose names or shapes differ (listing every mismatch).
+// replaced. `state` (may be null) receives the caller's state. Collective. Throws on every rank
+// — before changing anything — CheckpointDamagedError for a missing, truncated or corrupted file,
+// an incomplete meta.json or a future format version, fsdp::Error for a model whose names or
+// shapes differ (listing every mismatch), another optimizer type, or optimizer state of a
+// parameter the optimizer does not train.
 CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state = nullptr,
                                const CheckpointOptions& options = {});
@@ -141,8 +155,11 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Deletes all but the newest `keep` complete checkpoints in `dir`, partial ones left by crashes,
 // and "step-N.old" copies whose "step-N" is complete. Invalid entries are never deleted: they are
-// the evidence of what went wrong. Local: call on one rank (e.g. rank 0) after a save.
-void prune_checkpoints(const std::string& dir, int64_t keep);
+// the evidence of what went wrong; nor are the entries in `damaged` (paths whose load threw
+// CheckpointDamagedError: complete to the listing, which reads no data), which do not count
+// among the `keep`. Local: call on one rank (e.g. rank 0) after a save.
+void prune_checkpoints(const std::string& dir, int64_t keep,
+                       const std::vector<std::string>& damaged = {});
 
 // What a checkpoint holds (verify_checkpoint).
 struct CheckpointSummary {

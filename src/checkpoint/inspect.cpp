@@ -104,13 +104,15 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return std::nullopt;
 }
 
-void prune_checkpoints(const std::string& dir, int64_t keep) {
+void prune_checkpoints(const std::string& dir, int64_t keep,
+                       const std::vector<std::string>& damaged) {
   FSDP_CHECK(keep >= 1, "prune_checkpoints: keep ", keep, " must be at least 1");
   std::vector<std::string> complete;
   std::vector<std::string> keep_paths;
   for (const auto& e : list_checkpoints(dir)) {
-    if (e.status == CheckpointStatus::kComplete) complete.push_back(e.path);
-    if (e.status == CheckpointStatus::kInvalid) keep_paths.push_back(e.path);
+    const bool known_damaged = std::find(damaged.begin(), damaged.end(), e.path) != damaged.end();
+    if (e.status == CheckpointStatus::kComplete && !known_damaged) complete.push_back(e.path);
+    if (e.status == CheckpointStatus::kInvalid || known_damaged) keep_paths.push_back(e.path);
   }
   std::error_code ec;
   const int64_t extra = static_cast<int64_t>(complete.size()) - keep;

@@ -3,6 +3,9 @@
 // [checkpoint format]).
 #include "checkpoint/load_phases.h"
 
+#include <functional>
+#include <set>
+
 #include "base/compat.h"
 #include "base/shard_slice.h"
 #include "checkpoint/chunk_reader.h"
@@ -91,7 +94,11 @@ PendingLoad check_load(const std::string& path, Engine& e,
   p.path = path;
   p.engine = &e;
   p.flats = e.flat_views();
-  p.meta = read_meta(path);
+  try {
+    p.meta = read_meta(path);
+  } catch (const Error& err) {
+    throw CheckpointDamagedError(err.what());
+  }
   std::map<std::string, std::vector<int64_t>> have;
   for (size_t i = 0; i < p.meta.entries.size(); ++i) {
     const TensorEntry& t = p.meta.entries[i];
@@ -116,6 +123,22 @@ PendingLoad check_load(const std::string& path, Engine& e,
   FSDP_CHECK(m.lrs.size() == optimizer->param_groups().size(), "checkpoint '", path, "' has ",
              m.lrs.size(), " optimizer parameter groups but this optimizer has ",
              optimizer->param_groups().size(), "; build the optimizer the same way");
+  // The optimizer entries belong to parameters this optimizer trains: state for a frozen one (or
+  // one left out of the optimizer) would be dropped in silence.
+  std::set<const c10::TensorImpl*> trained;
+  for (const auto& g : optimizer->param_groups()) {
+    for (const auto& t : g.params()) trained.insert(t.unsafeGetTensorImpl());
+  }
+  for (const auto& u : p.flats) {
+    if (trained.count(u.param.unsafeGetTensorImpl())) continue;
+    for (const auto& slot : u.params) {
+      const TensorEntry& t = m.entries[static_cast<size_t>(p.entry_of.at("param/" + slot.name))];
+      FSDP_CHECK(!t.optim_state, "checkpoint '", path, "' holds ", m.optimizer, " state of '",
+                 slot.name, "', which this optimizer does not train (",
+                 u.trainable ? "not in its parameters" : "frozen", "); train it, or pass nullptr "
+                 "as the optimizer to load the model alone");
+    }
+  }
   return p;
 }
 
@@ -139,7 +162,11 @@ void stage_load(PendingLoad& p, const CheckpointOptions& options) {
     reader.want(entry, 0, t.numel, v);
     p.buffers.emplace_back(b.key(), v.view(t.shape));
   }
-  p.bytes = reader.read_all();
+  try {
+    p.bytes = reader.read_all();
+  } catch (const Error& err) {  // a file gone, short or corrupted since it was listed
+    throw CheckpointDamagedError(err.what());
+  }
   for (size_t i = 0; i < fields.size(); ++i) {
     for (size_t f = 0; f < fields[i].size(); ++f) {
       if (fields[i][f].defined()) {
@@ -149,7 +176,11 @@ void stage_load(PendingLoad& p, const CheckpointOptions& options) {
   }
   Runtime& rt = *e.runtime();
   if (options.rng && p.meta.rng_file >= 0 && p.meta.rng_world == rt.world_size()) {
-    p.rng = read_rng(p.meta, rt.rank());
+    try {
+      p.rng = read_rng(p.meta, rt.rank());
+    } catch (const Error& err) {
+      throw CheckpointDamagedError(err.what());
+    }
   }
 }
 
@@ -193,6 +224,32 @@ void commit_load(PendingLoad& p, torch::optim::Optimizer* optimizer, TrainingSta
 }  // namespace fsdp::detail
 
 namespace fsdp {
+namespace {
+
+// Runs the local `fn` and makes its failure every rank's (Runtime::check_all_ok), keeping
+// whether the checkpoint was damaged: a CheckpointDamagedError on any rank is one on every rank
+// (a CRC mismatch is seen only by the rank that reads those bytes). Two rounds through the
+// store, on every rank in the same order: other errors first, then damage.
+void check_all_ok_damaged(Runtime& rt, const std::string& what, const std::function<void()>& fn) {
+  std::string damage;
+  const std::string other = detail::capture([&] {
+    try {
+      fn();
+    } catch (const CheckpointDamagedError& err) {
+      damage = err.what();
+    }
+  });
+  rt.check_all_ok(what, other);
+  try {
+    rt.check_all_ok(what, damage);
+  } catch (const CheckpointDamagedError&) {
+    throw;
+  } catch (const Error& err) {
+    throw CheckpointDamagedError(err.what());
+  }
+}
+
+}  // namespace
 
 CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model,
                                torch::optim::Optimizer* optimizer, TrainingState* state,
@@ -204,9 +261,9 @@ CheckpointInfo load_checkpoint(const std::string& path, ShardedModuleBase& model
   CheckpointInfo info;
   info.path = path;
   detail::PendingLoad p;
-  rt.check_all_ok(what, detail::capture([&] { p = detail::check_load(path, e, optimizer); }));
+  check_all_ok_damaged(rt, what, [&] { p = detail::check_load(path, e, optimizer); });
   info.files = static_cast<int64_t>(p.meta.files.size());
-  rt.check_all_ok(what, detail::capture([&] { detail::stage_load(p, options); }));
+  check_all_ok_damaged(rt, what, [&] { detail::stage_load(p, options); });
   info.bytes = p.bytes;
   detail::commit_load(p, optimizer, state, info);  // every rank read everything it needs
   info.seconds = detail::seconds_since(t0);

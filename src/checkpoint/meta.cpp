@@ -196,6 +196,9 @@ void parse_rng(const json& j, const std::string& where,
   FSDP_CHECK(file_index.count(file), where, " rng refers to an unlisted file");
   m.rng_file = file_index.at(file);
   m.rng_world = get_field<int64_t>(r, "world_size", where + " rng");
+  FSDP_CHECK(m.rng_world == m.world_size, where, " rng holds the states of ", m.rng_world,
+             " ranks but the checkpoint was written by ", m.world_size, " (\"rng\": null says it "
+             "holds none); the checkpoint is inconsistent");
   m.rng_bytes = get_field<int64_t>(r, "bytes_per_rank", where + " rng");
   if (r.contains("cuda_bytes_per_rank")) {
     m.rng_cuda_bytes = get_field<int64_t>(r, "cuda_bytes_per_rank", where + " rng");
@@ -223,6 +226,7 @@ Meta parse_meta(const std::string& text, const std::string& path, const FileSize
   const auto file_index = parse_files(j, where, file_size, m);
   for (const auto& t : array_field(j, "tensors", where)) parse_tensor(t, where, file_index, m);
   parse_rng(j, where, file_index, m);
+  check_manifest(m, where);
   return m;
 }
 

@@ -136,6 +136,22 @@ using FileSizeFn = std::function<int64_t(const std::string& name)>;
 // the checkpoint, the file and the reason. Reads nothing itself: the fuzz target calls it.
 Meta parse_meta(const std::string& text, const std::string& path, const FileSizeFn& file_size);
 
+// The optimizer state a checkpoint of each optimizer type holds per parameter with state: the
+// fields always stored, those stored only with an option (all-or-none), and whether a step count
+// (optimizer_state.cpp's optimizer_kind stores the same fields; a test compares them).
+struct SavedOptimizer {
+  std::string type;  // meta.json's optimizer type, e.g. "adamw"
+  std::vector<std::string> required, optional;
+  bool step = false;
+};
+const std::vector<SavedOptimizer>& saved_optimizers();
+
+// NOTE [complete manifest] (manifest.cpp): the entries of `m` together are the whole state a
+// resume needs: none twice, every optimizer field of every parameter with state, the RNG of
+// every rank, every byte of every shard file in one chunk. fsdp::Error naming the checkpoint,
+// the tensor and what is missing or doubled. parse_meta calls it.
+void check_manifest(const Meta& m, const std::string& where);
+
 // parse_meta on the directory `path`: it must exist and hold meta.json; file sizes from stat.
 Meta read_meta(const std::string& path);
 

@@ -28,9 +28,11 @@ for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_opt
   # meta.json of even a one-block model is kilobytes, a trace of one step tens of them; the other
   # inputs are command lines.
   max_len=512
-  [ "$target" = fuzz_checkpoint_meta ] && max_len=32768
+  timeout=10
+  # ...and an input in fuzz_checkpoint_meta's mutation mode runs its ~940 mutations: seconds.
+  [ "$target" = fuzz_checkpoint_meta ] && max_len=32768 && timeout=120
   [ "$target" = fuzz_trace ] && max_len=32768
-  "$bin" "$work/$target" "$here/corpus/$target" "${limit[@]}" -max_len=$max_len -timeout=10 \
+  "$bin" "$work/$target" "$here/corpus/$target" "${limit[@]}" -max_len=$max_len -timeout=$timeout \
     -rss_limit_mb=4096 -print_final_stats=1 "$@" >"$work/$target.log" 2>&1
   rc=$?
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$target.log" | grep -o '[0-9]*$')

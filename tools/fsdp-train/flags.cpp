@@ -126,6 +126,11 @@ void add_model_data_flags(CLI::App& app, TrainOptions& o) {
                  "attention heads (must divide the width), overriding the preset's; 0 = the "
                  "preset's")
       ->group(model);
+  app.add_option("--context", o.context,
+                 "position embeddings, the longest --seq-len, overriding the preset's; 0 = the "
+                 "preset's (with an llm.c --init-from file every 0 here and in --layers, "
+                 "--d-model, --heads takes the file's value; one that differs is an error)")
+      ->group(model);
   app.add_option("--dropout", o.dropout,
                  "dropout probability on each block's attention and MLP outputs; 0 = none")
       ->group(model);
@@ -141,7 +146,7 @@ void add_model_data_flags(CLI::App& app, TrainOptions& o) {
       ->group(model);
   app.add_option("--init-from", o.init_from,
                  "start from these weights (optimizer fresh): an llm.c model file (--model "
-                 "gpt2 of its shape), a full checkpoint (.safetensors read as this rank's byte "
+                 "gpt2, whose shape it gives), a full checkpoint (.safetensors read as this rank's byte "
                  "ranges, or .pt) or a sharded checkpoint directory, from any mesh; --resume "
                  "wins when it finds a checkpoint")
       ->type_name("PATH")

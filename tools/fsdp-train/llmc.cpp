@@ -25,15 +25,29 @@ int64_t LlmcTensor::numel() const {
   return n;
 }
 
+namespace {
+
+// Each field of the header and the preset's field it is.
+const std::pair<int64_t LlmcModelHeader::*, int64_t ModelPreset::*> kHeaderFields[] = {
+    {&LlmcModelHeader::max_t, &ModelPreset::context},
+    {&LlmcModelHeader::vocab, &ModelPreset::vocab},
+    {&LlmcModelHeader::layers, &ModelPreset::n_layers},
+    {&LlmcModelHeader::heads, &ModelPreset::n_heads},
+    {&LlmcModelHeader::channels, &ModelPreset::d_model},
+    {&LlmcModelHeader::padded_vocab, &ModelPreset::padded_vocab},
+};
+
+}  // namespace
+
 LlmcModelHeader llmc_header_for(const ModelPreset& p) {
   LlmcModelHeader h;
-  h.max_t = p.context;
-  h.vocab = p.vocab;
-  h.layers = p.n_layers;
-  h.heads = p.n_heads;
-  h.channels = p.d_model;
-  h.padded_vocab = p.padded_vocab;
+  for (const auto& [in_header, in_preset] : kHeaderFields) h.*in_header = p.*in_preset;
   return h;
+}
+
+ModelPreset preset_of_llmc_header(const LlmcModelHeader& h, ModelPreset p) {
+  for (const auto& [in_header, in_preset] : kHeaderFields) p.*in_preset = h.*in_header;
+  return p;
 }
 
 std::vector<LlmcTensor> llmc_layout(const LlmcModelHeader& h) {
@@ -147,7 +161,7 @@ void check_llmc_model_file(const std::string& flag, const std::string& path,
   field("layers", "--layers", f.layers, m.layers);
   field("width", "--d-model", f.channels, m.channels);
   field("heads", "--heads", f.heads, m.heads);
-  field("context", "", f.max_t, m.max_t);
+  field("context", "--context", f.max_t, m.max_t);
   field("vocabulary", "", f.vocab, m.vocab);
   field("padded vocabulary", "", f.padded_vocab, m.padded_vocab);
   FSDP_CHECK(diff.empty(), flag, " '", path, "' is another shape than --model ", preset.name,

@@ -43,6 +43,8 @@ struct LlmcTensor {
 };
 
 LlmcModelHeader llmc_header_for(const ModelPreset& preset);
+// The inverse: `preset` with the shape of `h` (the rest, e.g. the name and dropout, kept).
+ModelPreset preset_of_llmc_header(const LlmcModelHeader& h, ModelPreset preset);
 // Every parameter of GPT-2 with `h`'s shape, in file order.
 std::vector<LlmcTensor> llmc_layout(const LlmcModelHeader& h);
 // 1024 + 4 x (every parameter).

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   try {
     if (o.dry_run) return fsdp_train::run_dry_run(o, plan);
     if (o.plan) return fsdp_train::run_plan(o, plan);
+    fsdp_train::create_output_dirs(o);  // before any rank: the ranks find them
     if (env.kind == fsdp::ClusterKind::kSingle) {
       // Supervisor of a multi-process job, or nullopt for a one-process job.
       if (std::optional<int> code = fsdp::launch_self(argc, argv, o.launch)) return *code;

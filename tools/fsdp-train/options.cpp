@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <fstream>
@@ -56,6 +57,7 @@ namespace {
 
 // More layers, width or intra-op threads per rank than these is a typo, not a machine.
 constexpr int64_t kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxThreads = 4096;
+constexpr int64_t kMaxContext = 1 << 20;
 
 std::string preset_names() {
   std::string s;
@@ -73,15 +75,38 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// An output file must be creatable: its directory exists and is writable, and it is no directory.
+// Why directory `dir` cannot be made, or "" if it exists or its missing parts can be created:
+// the nearest existing ancestor must be a writable directory. access() says yes to root even in
+// a read-only directory; a regular file in the way stops everyone.
+std::string uncreatable_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::path at = fs::path(dir).lexically_normal();
+  struct stat st {};
+  while (::stat(at.c_str(), &st) != 0) {  // up to the nearest existing ancestor
+    if (!at.has_parent_path() || at.parent_path() == at) {
+      at = ".";  // "a/b" when "a" is missing: made in the working directory
+      break;
+    }
+    at = at.parent_path();
+  }
+  if (::stat(at.c_str(), &st) != 0) return cat("'", at.string(), "' cannot be read");
+  if (!S_ISDIR(st.st_mode)) return cat("'", at.string(), "' is not a directory");
+  if (::access(at.c_str(), W_OK | X_OK) != 0) return cat("'", at.string(), "' is not writable");
+  return "";
+}
+
+// An output file must be creatable: it is no directory, and its directory exists and is
+// writable or can be created (create_output_dirs makes it before any rank starts).
 void check_output_path(const char* flag, const std::string& path) {
   FSDP_CHECK(!path.empty(), flag, " is empty; give a file name");
   struct stat st {};
   FSDP_CHECK(!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), flag, " '", path,
              "' is a directory; give a file name");
   const std::string dir = parent_of(path);
-  FSDP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " '", path,
-             "': directory '", dir, "' does not exist; create it first");
+  const std::string why = uncreatable_dir(dir);
+  FSDP_CHECK(why.empty(), flag, " '", path, "': directory '", dir, "' cannot be created (", why,
+             "); choose another place");
+  if (::stat(dir.c_str(), &st) != 0) return;  // created later, so nothing to open yet
   FSDP_CHECK(::access(dir.c_str(), W_OK) == 0, flag, " '", path, "': directory '", dir,
              "' is not writable; choose another place");
   // access() says yes to root everywhere (even in /proc): open the file for writing as the run
@@ -109,7 +134,7 @@ void check_output_path(const char* flag, const std::string& path) {
                         "); choose another place"));
 }
 
-// The checkpoint directory exists and is writable, or can be created (its parent is writable).
+// The checkpoint directory exists and is writable, or can be created with its missing parents.
 void check_checkpoint_dir(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0) {
@@ -119,14 +144,28 @@ void check_checkpoint_dir(const std::string& dir) {
                "' is not writable; choose another place");
     return;
   }
-  const std::string parent = parent_of(dir);
-  FSDP_CHECK(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-                 ::access(parent.c_str(), W_OK | X_OK) == 0,
-             "--checkpoint-dir '", dir, "' does not exist and cannot be created in '", parent,
-             "'; create it first");
+  const std::string why = uncreatable_dir(dir);
+  FSDP_CHECK(why.empty(), "--checkpoint-dir '", dir, "' does not exist and cannot be created (",
+             why, "); choose another place");
 }
 
 }  // namespace
+
+void create_output_dirs(const TrainOptions& o) {
+  std::vector<std::pair<const char*, std::string>> dirs;
+  if (!o.checkpoint_dir.empty()) dirs.emplace_back("--checkpoint-dir", o.checkpoint_dir);
+  for (const auto& [flag, file] : {std::pair<const char*, const std::string*>{"--metrics", &o.metrics},
+                                   {"--plot", &o.plot}, {"--export-full", &o.export_full},
+                                   {"--export-llmc", &o.export_llmc}}) {
+    if (!file->empty()) dirs.emplace_back(flag, parent_of(*file));
+  }
+  for (const auto& [flag, dir] : dirs) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    FSDP_CHECK(!ec, flag, ": cannot create the directory '", dir, "' (", ec.message(),
+               "); choose another place");
+  }
+}
 
 bool init_from_llmc_file(const std::string& path) {
   struct stat st {};
@@ -224,6 +263,8 @@ const std::vector<IntRange>& int_ranges() {
        cat("1 to ", kMaxWidth, " (0 = the preset's)")},
       {"--heads", &TrainOptions::heads, 0, kMaxWidth,
        cat("1 to ", kMaxWidth, " (0 = the preset's)")},
+      {"--context", &TrainOptions::context, 0, kMaxContext,
+       cat("1 to ", kMaxContext, " (0 = the preset's)")},
       {"--steps", &TrainOptions::steps, 1, kNone, "1 or more"},
       {"--global-batch", &TrainOptions::global_batch, 1, kNone, "1 or more"},
       {"--grad-accum", &TrainOptions::grad_accum, 1, kNone, "1 or more"},
@@ -287,18 +328,36 @@ ModelPreset find_preset(const TrainOptions& o) {
   return preset;
 }
 
-// An explicit shape (--layers, --d-model, --heads) over the preset's: the preset's context (the
-// longest --seq-len) stays.
+// The model's shape: an llm.c --init-from file's header where a flag is 0 (nanoGPT and llm.c
+// train other sizes than the presets': the file says which), then the explicit flags (--layers,
+// --d-model, --heads, --context) over the preset's or the file's. A flag that differs from the
+// file stays an error (check_llmc_model_file, in check_weights_files).
 void apply_shape(const TrainOptions& o, ModelPreset& preset) {
-  if (o.layers || o.d_model || o.heads) {
-    if (o.layers) preset.n_layers = o.layers;
-    if (o.d_model) preset.d_model = o.d_model;
-    if (o.heads) preset.n_heads = o.heads;
-    FSDP_CHECK(preset.d_model % preset.n_heads == 0, "--heads ", preset.n_heads,
-               " does not divide the width ", preset.d_model, "; use a divisor such as ",
-               std::gcd(preset.d_model, int64_t{8}), " or set --d-model to a multiple of it");
+  const ModelPreset before = preset;
+  if (!o.init_from.empty() && preset.gpt2 && init_from_llmc_file(o.init_from)) {
+    const LlmcModelHeader h = read_llmc_header("--init-from", o.init_from);
+    FSDP_CHECK(h.layers <= kMaxLayers && h.channels <= kMaxWidth && h.max_t <= kMaxContext,
+               "--init-from '", o.init_from, "' has ", h.layers, " layers, width ", h.channels,
+               " and context ", h.max_t, ", beyond fsdp-train's ", kMaxLayers, ", ", kMaxWidth,
+               " and ", kMaxContext, "; give an llm.c model file of a trainable size");
+    preset = preset_of_llmc_header(h, preset);
+  }
+  if (o.layers) preset.n_layers = o.layers;
+  if (o.d_model) preset.d_model = o.d_model;
+  if (o.heads) preset.n_heads = o.heads;
+  if (o.context) preset.context = o.context;
+  FSDP_CHECK(preset.d_model % preset.n_heads == 0, "--heads ", preset.n_heads,
+             " does not divide the width ", preset.d_model, "; use a divisor such as ",
+             std::gcd(preset.d_model, int64_t{8}), " or set --d-model to a multiple of it");
+  const bool shape = preset.n_layers != before.n_layers || preset.d_model != before.d_model ||
+                     preset.n_heads != before.n_heads || o.layers || o.d_model || o.heads;
+  const bool context = preset.context != before.context;
+  const bool vocab = preset.vocab != before.vocab;
+  if (shape || context || vocab) {
     preset.name = cat(preset.name, " (d ", preset.d_model, ", ", preset.n_layers, " blocks, ",
-                      preset.n_heads, " heads)");
+                      preset.n_heads, " heads",
+                      context ? cat(", context ", preset.context) : std::string(),
+                      vocab ? cat(", vocabulary ", preset.vocab) : std::string(), ")");
   }
 }
 
@@ -495,7 +554,7 @@ void check_sampling_and_optimizer(const TrainOptions& o) {
 void check_weights_files(const TrainOptions& o, const TrainPlan& p) {
   if (!o.init_from.empty() && init_from_llmc_file(o.init_from)) {
     FSDP_CHECK(p.preset.gpt2, "--init-from reads llm.c's GPT-2 model files; add --model gpt2 "
-               "(with the file's --layers, --d-model and --heads)");
+               "(its shape is the file's)");
     check_llmc_model_file("--init-from", o.init_from, p.preset);
   } else if (!o.init_from.empty()) {
     check_init_from(o.init_from);

@@ -63,8 +63,9 @@ struct TrainOptions {
   bool debug_collectives = false;  // FSDPStrategy::debug_collectives (NOTE [collective check])
   // Model and data.
   std::string model = "small";
-  // Explicit shape, overriding the preset's (0 = the preset's): any size can be asked for.
-  int64_t layers = 0, d_model = 0, heads = 0;
+  // Explicit shape, overriding the preset's or an llm.c --init-from file's (0 = theirs): any
+  // size can be asked for. context: position embeddings, the longest --seq-len.
+  int64_t layers = 0, d_model = 0, heads = 0, context = 0;
   std::string data;  // file or glob; empty: the default corpus
   std::string data_format = "auto";  // auto | bytes | nanogpt | llmc (token_data.h)
   std::string data_order = "random";  // random | sequential (llm.c's loader): batches.h
@@ -151,8 +152,13 @@ struct TrainPlan {
 // .safetensors or a .pt file, which are fsdp checkpoints).
 bool init_from_llmc_file(const std::string& path);
 
+// Creates the missing directories the output flags need (--checkpoint-dir, and the directories
+// of --metrics, --plot, --export-full, --export-llmc), which check_options found creatable. Call
+// after check_options, before any rank starts. Throws fsdp::Error naming the flag.
+void create_output_dirs(const TrainOptions& o);
+
 // Throws fsdp::Error with one line naming the flag, its value, the rule and a fix, for the first
-// invalid flag. Reads only file metadata; starts nothing.
+// invalid flag. Reads only file metadata; creates and starts nothing.
 TrainPlan check_options(const TrainOptions& o, int64_t world_size, int64_t local_world_size);
 
 }  // namespace fsdp_train

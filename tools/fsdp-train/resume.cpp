@@ -30,6 +30,9 @@ ResumeChoice choose_resume(const std::vector<fsdp::CheckpointEntry>& entries,
     if (it->status == fsdp::CheckpointStatus::kPartial) continue;  // a crash mid-save: by design
     if (it->status == fsdp::CheckpointStatus::kComplete) {
       choice.path = it->path;
+      for (auto o = std::next(it); fallback && o != entries.rend(); ++o) {
+        if (o->status == fsdp::CheckpointStatus::kComplete) choice.older.push_back(o->path);
+      }
       return choice;
     }
     if (!fallback) {
@@ -69,7 +72,7 @@ std::string mesh_text(const std::vector<int64_t>& mesh) {
 bool check_one(const std::string& path, const std::string& label) {
   try {
     const fsdp::CheckpointSummary s = fsdp::verify_checkpoint(path);
-    std::printf("%s: valid (every file's size and %s checked)\n", label.c_str(),
+    std::printf("%s: valid (meta.json complete, every file's size and %s checked)\n", label.c_str(),
                 s.format_version >= 2 ? "CRC-32C" : "CRC-32");
     std::printf("  step %lld, format %lld, %s on mesh %s, world %lld, optimizer %s, RNG %s\n",
                 static_cast<long long>(s.step), static_cast<long long>(s.format_version),

@@ -14,13 +14,17 @@ namespace fsdp_train {
 struct ResumeChoice {
   std::optional<std::string> path;  // nullopt: start fresh
   std::vector<std::string> notes;   // lines rank 0 prints: entries skipped and why, a fresh start
+  // With `fallback`: the complete entries older than `path`, newest first, which --resume tries
+  // in turn when loading `path` finds it damaged (fsdp::CheckpointDamagedError: a checksum only
+  // reading finds); empty without it.
+  std::vector<std::string> older;
 };
 
 // The checkpoint --resume continues from, given list_checkpoints(dir). Partial entries (a crash
 // during a save) are ignored. The newest other entry must be complete: if it is invalid this
 // throws fsdp::Error naming the entry, the file and the reason, and the two ways on (repair or
 // remove it, or --resume-fallback), unless `fallback`, which skips invalid entries, each with a
-// note saying why, down to the newest complete one. Pure.
+// note saying why, down to the newest complete one, and lists the complete ones below it. Pure.
 ResumeChoice choose_resume(const std::vector<fsdp::CheckpointEntry>& entries,
                            const std::string& dir, bool fallback);
 

@@ -3,6 +3,7 @@
 // validation, checkpoints and preemption, and what is left to do after the last step.
 #include "trainer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -247,11 +248,37 @@ int64_t Trainer::resume() {
     for (const auto& line : choice.notes) std::printf("%s\n", line.c_str());
   }
   int64_t first_step = 0;
-  const std::optional<std::string>& latest = choice.path;
+  std::optional<std::string> latest = choice.path;
+  fsdp::TrainingState state;
+  // --resume-fallback: a checkpoint whose damage only reading finds (a checksum) is skipped like
+  // one the listing refused. load_checkpoint throws CheckpointDamagedError on every rank alike,
+  // before anything changed, so every rank moves on to the same older entry; the ranks compare
+  // it through the store before loading it.
+  while (latest) {
+    try {
+      log_.ckpt.loaded = fsdp::load_checkpoint(*latest, model_, &optimizer_, &state);
+      break;
+    } catch (const fsdp::CheckpointDamagedError& e) {
+      if (!o_.resume_fallback) throw;
+      if (log_.lead) {
+        std::printf("fsdp-train: --resume-fallback: skipping %s: %s\n", latest->c_str(), e.what());
+      }
+      damaged_.push_back(*latest);
+      if (choice.older.empty()) {
+        latest.reset();
+        if (log_.lead) {
+          std::printf("fsdp-train: --resume-fallback: no valid checkpoint left in %s; starting "
+                      "fresh\n", o_.checkpoint_dir.c_str());
+        }
+      } else {
+        latest = choice.older.front();
+        choice.older.erase(choice.older.begin());
+        runtime_->check_agreement("--resume-fallback's checkpoint", *latest);
+      }
+    }
+  }
   if (latest) {
     CheckpointLog& ckpt = log_.ckpt;
-    fsdp::TrainingState state;
-    ckpt.loaded = fsdp::load_checkpoint(*latest, model_, &optimizer_, &state);
     FSDP_CHECK(state.step <= o_.steps, "--resume: ", *latest, " is at step ", state.step,
                ", beyond --steps ", o_.steps, "; give --steps ", state.step, " or more");
     FSDP_CHECK(state.values.count("sampler"), "--resume: ", *latest, " has no data position; "
@@ -513,7 +540,11 @@ void Trainer::committed(const fsdp::CheckpointInfo& info, bool background) {
                 info.path.c_str());
   }
   log_.ckpt.page_cache_writes += info.page_cache_writes;
-  if (log_.lead && o_.keep_last > 0) fsdp::prune_checkpoints(o_.checkpoint_dir, o_.keep_last);
+  // A damaged entry --resume-fallback skipped is evidence until a save of its step replaces it.
+  damaged_.erase(std::remove(damaged_.begin(), damaged_.end(), info.path), damaged_.end());
+  if (log_.lead && o_.keep_last > 0) {
+    fsdp::prune_checkpoints(o_.checkpoint_dir, o_.keep_last, damaged_);
+  }
 }
 
 void Trainer::finish_async_save() {

@@ -112,6 +112,8 @@ class Trainer {
   // An event of the training thread in --trace's timeline (nothing without --trace).
   fsdp::Trace::Span span(const char* category, const char* name) const;
   std::optional<PreemptSignals> preempt_;  // installed by run(), after --resume
+  // Checkpoints --resume-fallback skipped as damaged (a checksum): never pruned as complete.
+  std::vector<std::string> damaged_;
   Progress progress_;
   int64_t first_step_ = 0;
   int stopped_by_ = 0;  // the signal every rank stopped on (NOTE [preemption])
