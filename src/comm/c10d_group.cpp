@@ -244,14 +244,9 @@ class C10dGroup final : public Group {
     auto chunks = output.view({-1}).chunk(S);
     chunks[r].copy_(input.view({-1}));
     if (S == 1) return;
-    const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
     for (int64_t t = 0; t < S - 1; ++t) {
-      std::vector<at::Tensor> s{transport(chunks[((r - t) % S + S) % S])};
-      std::vector<at::Tensor> q{transport(chunks[((r - t - 1) % S + S) % S])};
-      auto sw = backend_->send(s, next, static_cast<int>(t));
-      auto rw = backend_->recv(q, prev, static_cast<int>(t));
-      rw->wait();
-      sw->wait();
+      ring_step(chunks[((r - t) % S + S) % S], chunks[((r - t - 1) % S + S) % S],
+                static_cast<int>(t));
     }
   }
 
@@ -313,7 +308,6 @@ class C10dGroup final : public Group {
     at::Tensor out = output.view({-1});
     const bool aliased = overlaps(out, in);
     at::Tensor sum = aliased ? at::empty_like(out) : out;
-    const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
     const int64_t seg = std::max<int64_t>(1, kRingSegmentBytes / in.element_size());
     at::Tensor staging = staging_for(std::min(seg, n), in.scalar_type());
     int tag = 0;
@@ -322,13 +316,7 @@ class C10dGroup final : public Group {
       auto piece = [&](int64_t c) { return in.narrow(0, c * n + a, len); };
       at::Tensor acc = sum.narrow(0, a, len), got = staging.narrow(0, 0, len);
       for (int64_t t = 0; t < S - 1; ++t) {
-        at::Tensor outgoing = t == 0 ? piece((r + S - 1) % S) : acc;
-        std::vector<at::Tensor> s{transport(outgoing)}, q{transport(got)};
-        auto sw = backend_->send(s, next, tag);
-        auto rw = backend_->recv(q, prev, tag);
-        ++tag;
-        rw->wait();
-        sw->wait();
+        ring_step(t == 0 ? piece((r + S - 1) % S) : acc, got, tag++);
         at::add_out(acc, got, piece(((r - t - 2) % S + S) % S));
       }
     }
@@ -355,19 +343,7 @@ class C10dGroup final : public Group {
     const int64_t longest = size_of(0);
     if (longest == 0) return;
     at::Tensor staging = staging_for(std::min(seg, longest), flat.scalar_type());
-    const int next = static_cast<int>((r + 1) % S), prev = static_cast<int>((r + S - 1) % S);
     int tag = 0;
-    // One exchange with the neighbours; a side with nothing in this segment sends or takes
-    // nothing, which its peer knows from the same chunk sizes.
-    auto exchange = [&](const at::Tensor& out, const at::Tensor& in) {
-      std::vector<at::Tensor> s{transport(out)}, q{transport(in)};
-      c10::intrusive_ptr<c10d::Work> sw, rw;
-      if (out.numel() > 0) sw = backend_->send(s, next, tag);
-      if (in.numel() > 0) rw = backend_->recv(q, prev, tag);
-      ++tag;
-      if (rw) rw->wait();
-      if (sw) sw->wait();
-    };
     for (int64_t a = 0; a < longest; a += seg) {
       auto piece = [&](int64_t c) {
         const int64_t len = std::clamp<int64_t>(size_of(c) - a, 0, seg);
@@ -376,11 +352,27 @@ class C10dGroup final : public Group {
       for (int64_t t = 0; t < S - 1; ++t) {
         at::Tensor into = piece(mod(r - t - 1));
         at::Tensor got = staging.narrow(0, 0, into.numel());
-        exchange(piece(mod(r - t)), got);
+        ring_step(piece(mod(r - t)), got, tag++);
         into.add_(got);
       }
-      for (int64_t t = 0; t < S - 1; ++t) exchange(piece(mod(r + 1 - t)), piece(mod(r - t)));
+      for (int64_t t = 0; t < S - 1; ++t) {
+        ring_step(piece(mod(r + 1 - t)), piece(mod(r - t)), tag++);
+      }
     }
+  }
+
+  // One step of every ring: sends `out` to the next rank and receives `in` from the previous
+  // one under `tag`. An empty side sends or takes nothing (the all-reduce's short chunks), which
+  // its peer knows from the same sizes.
+  void ring_step(const at::Tensor& out, const at::Tensor& in, int tag) {
+    const int next = static_cast<int>((rank() + 1) % size());
+    const int prev = static_cast<int>((rank() + size() - 1) % size());
+    std::vector<at::Tensor> s{transport(out)}, q{transport(in)};
+    c10::intrusive_ptr<c10d::Work> sw, rw;
+    if (out.numel() > 0) sw = backend_->send(s, next, tag);
+    if (in.numel() > 0) rw = backend_->recv(q, prev, tag);
+    if (rw) rw->wait();
+    if (sw) sw->wait();
   }
 
   static bool overlaps(const at::Tensor& a, const at::Tensor& b) {
