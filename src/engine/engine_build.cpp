@@ -98,8 +98,8 @@ void Engine::build() {
   // NOTE [construction's heap]: building the model left freed whole values in malloc's heap,
   // between blocks that stay (with deferred construction, the shards sliced from each unit as
   // it was built): memory the process keeps but training cannot use in one piece. Its pages go
-  // back now; training faults in what it reuses. Measured: deferred construction's training
-  // peak went from 765 MiB to below eager's (docs/performance.md, "The CPU heap").
+  // back now; training faults in what it reuses (measured with NOTE [deferred heap] and NOTE
+  // [mapped shards]: docs/performance.md, "Construction's heap").
   if (pooled_) release_free_heap();
 }
 
