@@ -51,6 +51,8 @@ LAYERS = [
     ("engine", "sharding a model: units, the gather/reduce engine, its buffer pool, deferred "
                "construction, activation checkpointing"),
     ("checkpoint", "sharded and full checkpoints, their formats and files"),
+    ("dcp", "PyTorch's distributed checkpoint format (torch.distributed.checkpoint): its "
+            "pickled metadata, torch.save'd chunks, names, import and export"),
     ("trace", "the per-rank timeline of chosen steps: the steps, one clock for all ranks, the "
               "merged trace file"),
     ("planner", "which strategy and mesh: the topology report, the cost model and published "
@@ -66,7 +68,7 @@ PUBLIC = {
     "mesh.h": "runtime", "strategy.h": "runtime",
     "unit_info.h": "engine", "sharded.h": "engine", "detail/*.h": "engine",
     "deferred_init.h": "engine", "activation_checkpoint.h": "engine",
-    "checkpoint.h": "checkpoint", "async_checkpoint.h": "checkpoint", "trace.h": "trace",
+    "checkpoint.h": "checkpoint", "async_checkpoint.h": "checkpoint", "dcp.h": "dcp", "trace.h": "trace",
     "report.h": "planner", "planner.h": "planner",
 }
 SOURCE_EXT = (".h", ".cpp", ".cpp.in")

@@ -12,6 +12,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/cluster.h"
 #include "fsdp/collectives.h"
+#include "fsdp/dcp.h"
 #include "fsdp/deferred_init.h"
 #include "fsdp/error.h"
 #include "fsdp/launcher.h"
