@@ -12,6 +12,7 @@
 #include "fsdp/memory.h"
 #include "fsdp/report.h"
 #include "elapsed.h"
+#include "dcp.h"
 #include "llmc.h"
 
 namespace fsdp_train {
@@ -63,7 +64,12 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
   }
   if (!o.init_from.empty()) {
     const auto t = std::chrono::steady_clock::now();
-    if (init_from_llmc_file(o.init_from)) {
+    if (fsdp::is_dcp_checkpoint(o.init_from)) {
+      // With --init-from-optimizer the trainer reads it, once its optimizer exists.
+      if (!o.init_from_optimizer) {
+        info->dcp = fsdp::import_dcp(model, o.init_from, nullptr, dcp_options(o, p.preset, false));
+      }
+    } else if (init_from_llmc_file(o.init_from)) {
       // Every rank maps the file and copies only the byte ranges its shards hold.
       init_from_llmc(model, p.preset, o.init_from);
     } else if (is_directory(o.init_from)) {
@@ -74,8 +80,10 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
     } else {
       fsdp::import_full_checkpoint(model, o.init_from);
     }
-    info->init_from = o.init_from;
-    info->init_from_seconds = seconds_since(t);
+    if (!(fsdp::is_dcp_checkpoint(o.init_from) && o.init_from_optimizer)) {
+      info->init_from = o.init_from;
+      info->init_from_seconds = seconds_since(t);
+    }
   }
   return model;
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "fsdp/dcp.h"
 #include "fsdp/runtime.h"
 #include "fsdp/sharded.h"
 #include "gpt2.h"
@@ -26,6 +27,7 @@ struct Construction {
   int64_t units_deferred = 0; // units that sharded themselves as they were built
   int64_t largest_unit_bytes = 0;
   std::string init_from;      // --init-from, loaded
+  fsdp::DcpImportInfo dcp;    // --init-from a DCP checkpoint: what was read and adapted
   double init_from_seconds = 0;
   // One line: "deferred: 12 units sharded as built, peak RSS 312 MiB, 0.41 s".
   std::string describe() const;

@@ -147,9 +147,26 @@ void add_model_data_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--init-from", o.init_from,
                  "start from these weights (optimizer fresh): an llm.c model file (--model "
                  "gpt2, whose shape it gives), a full checkpoint (.safetensors read as this rank's byte "
-                 "ranges, or .pt) or a sharded checkpoint directory, from any mesh; --resume "
-                 "wins when it finds a checkpoint")
+                 "ranges, or .pt), a sharded checkpoint directory, or a PyTorch distributed "
+                 "checkpoint (DCP) directory (one with a .metadata; docs/dcp.md), from any mesh; "
+                 "--resume wins when it finds a checkpoint")
       ->type_name("PATH")
+      ->group(model);
+  app.add_flag("--init-from-optimizer", o.init_from_optimizer,
+               "with a DCP --init-from: AdamW's state too (exp_avg, exp_avg_sq, step; betas, "
+               "eps and weight decay must equal this run's); training continues at the "
+               "checkpoint's step (data position and schedule), --steps counts the total")
+      ->group(model);
+  app.add_option("--dcp-rename", o.dcp_rename,
+                 "a rule 'REGEX=REPLACEMENT' for DCP names (repeatable, applied in order): "
+                 "checkpoint -> model names for --init-from, model -> checkpoint names for "
+                 "--export-dcp; a name mapped to nothing is skipped")
+      ->type_name("RULE")
+      ->group(model);
+  app.add_option("--dcp-names", o.dcp_names,
+                 "built-in DCP names: auto (--model gpt2: nanoGPT's, transformer.h.N.attn.c_attn "
+                 "and a tied lm_head.weight; others: the model's own), nanogpt, none")
+      ->type_name("NAMES")
       ->group(model);
   app.add_option("--data", o.data,
                  cat("training data: a file or a glob of shards (quote it), llm.c or nanoGPT "
@@ -286,6 +303,17 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--export-llmc", o.export_llmc,
                  "at the end, write the weights as an llm.c model file (fp32, version 3; --model "
                  "gpt2), which llm.c and --init-from read")
+      ->type_name("FILE")
+      ->group(ckpt);
+  app.add_option("--export-dcp", o.export_dcp,
+                 "at the end, write the model and AdamW's state as a PyTorch distributed "
+                 "checkpoint in DIR (torch.distributed.checkpoint.load reads it on any mesh)")
+      ->type_name("DIR")
+      ->group(ckpt);
+  app.add_option("--export-logits", o.export_logits,
+                 "at the end, write the logits of the data's first window (--global-batch "
+                 "sequences of --seq-len tokens at offsets b * seq-len) to FILE.npy, float32 "
+                 "[batch, seq-len, vocab], to compare with another implementation")
       ->type_name("FILE")
       ->group(ckpt);
   app.add_option("--sample", o.sample,

@@ -24,6 +24,7 @@
 #include "fsdp/error.h"
 #include "fsdp/parse_enum.h"
 #include "fsdp/report.h"
+#include "dcp.h"
 #include "llmc.h"
 #include "plot.h"
 #include "preempt.h"
@@ -156,7 +157,8 @@ void create_output_dirs(const TrainOptions& o) {
   if (!o.checkpoint_dir.empty()) dirs.emplace_back("--checkpoint-dir", o.checkpoint_dir);
   for (const auto& [flag, file] : {std::pair<const char*, const std::string*>{"--metrics", &o.metrics},
                                    {"--plot", &o.plot}, {"--export-full", &o.export_full},
-                                   {"--export-llmc", &o.export_llmc}}) {
+                                   {"--export-llmc", &o.export_llmc},
+                                   {"--export-logits", &o.export_logits}}) {
     if (!file->empty()) dirs.emplace_back(flag, parent_of(*file));
   }
   for (const auto& [flag, dir] : dirs) {
@@ -185,10 +187,12 @@ void check_init_from(const std::string& path) {
   FSDP_CHECK(::stat(path.c_str(), &st) == 0, "--init-from '", path, "' cannot be read (",
              std::strerror(errno), "); give a .safetensors or .pt file or a checkpoint directory");
   if (S_ISDIR(st.st_mode)) {
+    if (fsdp::is_dcp_checkpoint(path)) return;  // PyTorch's: checked as it loads (fsdp/dcp.h)
     const std::string meta = path + "/meta.json";
     FSDP_CHECK(::access(meta.c_str(), R_OK) == 0, "--init-from '", path, "' is a directory "
-               "without a readable meta.json, so not a sharded checkpoint; give a checkpoint "
-               "directory (e.g. DIR/step-00000100) or a .safetensors/.pt file");
+               "without a readable meta.json or .metadata, so neither a sharded checkpoint nor a "
+               "PyTorch distributed checkpoint; give a checkpoint directory (e.g. "
+               "DIR/step-00000100) or a .safetensors/.pt file");
     return;
   }
   auto ends = [&](const std::string& ext) {
@@ -558,6 +562,23 @@ void check_weights_files(const TrainOptions& o, const TrainPlan& p) {
     check_llmc_model_file("--init-from", o.init_from, p.preset);
   } else if (!o.init_from.empty()) {
     check_init_from(o.init_from);
+  }
+  FSDP_CHECK(!o.init_from_optimizer || fsdp::is_dcp_checkpoint(o.init_from),
+             "--init-from-optimizer reads AdamW's state from a PyTorch distributed checkpoint; "
+             "give one with --init-from DIR (a directory with a .metadata)",
+             o.init_from.empty() ? std::string() : fsdp::cat(" ('", o.init_from, "' is not)"));
+  check_dcp_flags(o, p.preset);
+  if (!o.export_dcp.empty()) {
+    struct stat st {};
+    FSDP_CHECK(!(::stat(o.export_dcp.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)), "--export-dcp '",
+               o.export_dcp, "' is a file; give a directory (created if missing)");
+    check_output_path("--export-dcp", o.export_dcp + "/.metadata");
+  }
+  if (!o.export_logits.empty()) {
+    check_output_path("--export-logits", o.export_logits);
+    FSDP_CHECK(o.export_logits.size() > 4 &&
+                   o.export_logits.compare(o.export_logits.size() - 4, 4, ".npy") == 0,
+               "--export-logits '", o.export_logits, "' must end in .npy (numpy.load reads it)");
   }
   if (!o.export_llmc.empty()) {
     FSDP_CHECK(p.preset.gpt2, "--export-llmc writes llm.c's GPT-2 model file; add --model gpt2");

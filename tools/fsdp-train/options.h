@@ -75,7 +75,11 @@ struct TrainOptions {
   double dropout = 0;
   std::vector<std::string> freeze;  // globs of parameter names trained frozen (requires_grad false)
   std::string init = "deferred";  // deferred: blocks shard as they are built | eager
-  std::string init_from;  // weights to start from: llm.c model.bin, .safetensors/.pt, checkpoint dir
+  std::string init_from;  // weights to start from: llm.c model.bin, .safetensors/.pt, checkpoint dir,
+                          // PyTorch distributed checkpoint (DCP) directory
+  bool init_from_optimizer = false;    // DCP --init-from: AdamW's state too; the step continues
+  std::vector<std::string> dcp_rename;  // REGEX=REPLACEMENT rules for DCP names (fsdp/dcp.h)
+  std::string dcp_names = "auto";      // auto | nanogpt | none: built-in DCP names (dcp.h here)
   // Optimisation.
   int64_t steps = 100;
   int64_t global_batch = 8;
@@ -105,6 +109,8 @@ struct TrainOptions {
   bool checkpoint_async = false; // periodic saves written in the background (fsdp::AsyncCheckpointer)
   std::string export_full;      // FILE.pt or FILE.safetensors written at the end
   std::string export_llmc;      // llm.c model.bin written at the end (--model gpt2)
+  std::string export_dcp;       // DIR: a PyTorch distributed checkpoint written at the end
+  std::string export_logits;    // FILE.npy: the logits of the first window at the end
   // Sampling from the trained model.
   int64_t sample = 0;           // bytes to sample at the end; 0 = none
   std::string prompt = "The ";

@@ -17,6 +17,7 @@
 #include "fsdp/error.h"
 #include "elapsed.h"
 #include "llmc.h"
+#include "dcp.h"
 #include "resume.h"
 
 namespace fsdp_train {
@@ -299,8 +300,51 @@ int64_t Trainer::resume() {
   return first_step;
 }
 
+// NOTE [continuing a PyTorch run]: --init-from DIR --init-from-optimizer (a DCP checkpoint) reads
+// the weights and AdamW's state here, once the optimizer exists, unless --resume found a
+// checkpoint of this run (which is newer). AdamW's per-parameter step carries over (its bias
+// corrections go on), and so does fsdp-train's own step: training continues at step S, the
+// checkpoint's, with the data position and the learning-rate schedule of step S (--data-order
+// sequential reads window S next, as llm.c's loader would; random draws as if S steps had been
+// taken) and --steps counts the total, as with --resume. The checkpoint's lr is reported, not
+// used: the schedule sets it every step.
+int64_t Trainer::continue_from_dcp() {
+  const auto t = Clock::now();
+  fsdp::DcpImportInfo info =
+      fsdp::import_dcp(model_, o_.init_from, &optimizer_, dcp_options(o_, p_.preset, false));
+  const int64_t step = info.optimizer_step;
+  FSDP_CHECK(step < o_.steps, "--init-from-optimizer: ", o_.init_from, " is at step ", step,
+             ", and --steps ", o_.steps, " counts the total; give --steps ", step + 1, " or more");
+  for (int64_t s = 0; s < step; ++s) (void)sampler_.next();
+  log_.construction.dcp = std::move(info);
+  log_.construction.init_from = o_.init_from;
+  log_.construction.init_from_seconds = seconds_since(t);
+  return step;
+}
+
+void Trainer::report_dcp() const {
+  const fsdp::DcpImportInfo& d = log_.construction.dcp;
+  if (!log_.lead || d.tensors == 0) return;
+  std::printf("fsdp-train: --init-from %s (PyTorch DCP): %lld tensors, %s read by rank 0",
+              o_.init_from.c_str(), static_cast<long long>(d.tensors),
+              fsdp::format_bytes(double(d.bytes_read)).c_str());
+  if (d.optimizer_step >= 0) {
+    std::printf("; AdamW's state at step %lld, training continues there",
+                static_cast<long long>(d.optimizer_step));
+    if (d.checkpoint_lr >= 0) {
+      std::printf(" (the checkpoint's lr %g; this run's schedule gives %g)", d.checkpoint_lr,
+                  lr_at(o_, d.optimizer_step));
+    }
+  }
+  std::printf("\n");
+  for (const auto& n : d.notes) std::printf("fsdp-train: note: %s\n", n.c_str());
+  std::fflush(stdout);
+}
+
 int Trainer::run() {
   first_step_ = resume();
+  if (o_.init_from_optimizer && !log_.ckpt.loaded) first_step_ = continue_from_dcp();
+  report_dcp();
   if (!o_.trace.empty()) {
     fsdp::TraceOptions t;
     t.path = o_.trace;
@@ -611,6 +655,14 @@ void Trainer::finish() {
   if (!o_.export_llmc.empty()) {
     export_llmc(model_, net_, p_.preset, o_.export_llmc);
     log_.ckpt.exported_llmc = o_.export_llmc;
+  }
+  if (!o_.export_dcp.empty()) {
+    fsdp::export_dcp(model_, o_.export_dcp, &optimizer_, dcp_options(o_, p_.preset, true));
+    if (log_.lead) std::printf("fsdp-train: wrote %s (PyTorch DCP)\n", o_.export_dcp.c_str());
+  }
+  if (!o_.export_logits.empty()) {
+    export_logits(model_, net_, data_, o_.global_batch, o_.seq_len, o_.export_logits, *runtime_);
+    if (log_.lead) std::printf("fsdp-train: wrote %s\n", o_.export_logits.c_str());
   }
   if (o_.sample > 0) log_.sample = sample_text(model_, net_, o_, p_.preset, *runtime_);
 }

@@ -70,6 +70,8 @@ class Trainer {
   // Setup: rank 0's banner; --resume, returning the first step to train.
   void print_banner() const;
   int64_t resume();
+  int64_t continue_from_dcp();  // NOTE [continuing a PyTorch run] in trainer.cpp
+  void report_dcp() const;
   // One optimizer step: gradients of the global batch, the update, metrics, checkpoint, logs.
   void train_step(int64_t step);
   double set_lr(int64_t step);
