@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -192,8 +191,6 @@ void write_param_groups(DistcpWriter& out, const torch::optim::Optimizer& opt,
   field("params", w.finish());
 }
 
-std::atomic<int64_t> exports{0};
-
 }  // namespace
 
 }  // namespace fsdp::detail
@@ -211,7 +208,8 @@ void export_dcp(ShardedModuleBase& model, const std::string& dir,
   const int64_t r = rt.rank();
   const auto& members = e.shard_group()->ranks();
   const bool writes = std::find(members.begin(), members.end(), 0) != members.end();
-  const int64_t n = detail::exports.fetch_add(1);
+  // The last agreement's id, reserved first (the same on every rank), keys the store's lines.
+  const int64_t n = detail::reserve_agreement(rt);
   std::optional<detail::Renamer> rename;
   std::optional<detail::OptimizerKind> kind;
   std::string err = detail::capture([&] {
@@ -354,7 +352,7 @@ void export_dcp(ShardedModuleBase& model, const std::string& dir,
       }
     });
   }
-  rt.check_all_ok(what, err);
+  detail::check_all_ok_reserved(rt, n, what, err, nullptr);
 }
 
 }  // namespace fsdp
