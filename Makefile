@@ -56,7 +56,7 @@ fuzz: setup
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DFSDP_FUZZ=ON -DFSDP_SANITIZE=address,undefined -DFSDP_BUILD_TESTS=OFF -DFSDP_BUILD_BENCH=OFF
 	cmake --build $(FUZZ_BUILD) --target fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options \
-	  fuzz_checkpoint_meta fuzz_trace
+	  fuzz_checkpoint_meta fuzz_trace fuzz_dcp_metadata
 	./tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 demo: build

@@ -289,8 +289,13 @@ TEST(Dcp, RefusesDamageInOneLineOnEveryRank) {
        [&](const std::string& d) { write_bytes(d + "/.metadata", "{\"version\": 1}"); }},
       {"unknown version", "is of DCP format version '2.0'",
        [&](const std::string& d) {
-         write_bytes(d + "/.metadata", splice(std::string("X\x0c\0\0\0storage_metaN", 18),
-                                             std::string("X\x07\0\0\0versionX\x03\0\0\0" "2.0", 20)));
+         // storage_meta's key and None become version's key and "2.0" (a memo put between).
+         std::string b = splice(std::string("X\x0c\0\0\0storage_meta", 17),
+                                std::string("X\x07\0\0\0version", 12));
+         const size_t value = b.find(std::string("X\x07\0\0\0version", 12)) + 12;
+         const size_t none = value + (b[value] == 'q' ? 2 : 5);
+         ASSERT_EQ(b[none], 'N');
+         write_bytes(d + "/.metadata", b.replace(none, 1, std::string("X\x03\0\0\0" "2.0", 8)));
        }},
       {"foreign class", "refuses to load os.system",
        [&](const std::string& d) {

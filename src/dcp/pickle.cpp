@@ -404,16 +404,39 @@ void PickleWriter::number(double v) {
   for (int k = 7; k >= 0; --k) out_ += static_cast<char>((bits >> (8 * k)) & 255);
 }
 
+// Strings and class references repeat in a .metadata (every chunk's field names, file, class):
+// the first is stored in the memo (BINPUT), later ones read it back (BINGET).
+bool PickleWriter::recall(const std::string& key) {
+  auto it = memo_.find(key);
+  if (it == memo_.end()) return false;
+  const uint32_t i = it->second;
+  out_ += i < 256 ? 'h' : 'j';
+  for (int k = 0; k < (i < 256 ? 1 : 4); ++k) out_ += static_cast<char>((i >> (8 * k)) & 255);
+  return true;
+}
+
+void PickleWriter::remember(const std::string& key) {
+  const auto i = static_cast<uint32_t>(memo_.size());
+  memo_[key] = i;
+  out_ += i < 256 ? 'q' : 'r';
+  for (int k = 0; k < (i < 256 ? 1 : 4); ++k) out_ += static_cast<char>((i >> (8 * k)) & 255);
+}
+
 void PickleWriter::str(const std::string& v) {
+  if (recall("s" + v)) return;
   out_ += 'X';
   const auto n = static_cast<uint32_t>(v.size());
   for (int k = 0; k < 4; ++k) out_ += static_cast<char>((n >> (8 * k)) & 255);
   out_ += v;
+  remember("s" + v);
 }
 
 void PickleWriter::global(const std::string& module, const std::string& name) {
+  const std::string key = "g" + module + "\n" + name;
+  if (recall(key)) return;
   out_ += 'c';
   out_ += module + "\n" + name + "\n";
+  remember(key);
 }
 
 void PickleWriter::mark() { out_ += '('; }

@@ -7,11 +7,12 @@
 // record (class, arguments, state) in an Object node for the caller to interpret. Every node
 // lives in the Pickle's arena, so shared and even cyclic references (the memo) are safe.
 //
-// Writing: PickleWriter emits protocol-2 opcodes one call at a time (no memo), which every
-// Python 3 reads.
+// Writing: PickleWriter emits protocol-2 opcodes one call at a time, each string and class
+// reference once (later uses read the memo), which every Python 3 reads.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -90,7 +91,10 @@ class PickleWriter {
   void size(const std::vector<int64_t>& v);  // torch.Size(v)
 
  private:
+  bool recall(const std::string& key);
+  void remember(const std::string& key);
   std::string out_;
+  std::map<std::string, uint32_t> memo_;
 };
 
 }  // namespace fsdp::detail::pickle

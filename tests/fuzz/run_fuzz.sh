@@ -5,7 +5,7 @@
 # (crash-<sha1>) and fails the run: turn it into a regression test (docs/testing.md).
 # usage: run_fuzz.sh BUILD_DIR [SECONDS_PER_TARGET] [EXTRA libFuzzer FLAGS...]
 #   e.g. run_fuzz.sh build-fuzz 0 -runs=1000000     (a fixed number of executions instead)
-#   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all five)
+#   FUZZ_TARGETS="fuzz_train_options" run_fuzz.sh ...  (some targets only; default: all six)
 set -uo pipefail
 build=$1
 seconds=${2:-20}
@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 status=0
-for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options fuzz_checkpoint_meta fuzz_trace}; do
+for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_options fuzz_checkpoint_meta fuzz_trace fuzz_dcp_metadata}; do
   bin=$build/tests/fuzz/$target
   [ -x "$bin" ] || { echo "run_fuzz: $bin is not built"; exit 1; }
   mkdir -p "$work/$target"
@@ -32,6 +32,7 @@ for target in ${FUZZ_TARGETS:-fuzz_mesh_strategy fuzz_cluster_env fuzz_train_opt
   # ...and an input in fuzz_checkpoint_meta's mutation mode runs its ~940 mutations: seconds.
   [ "$target" = fuzz_checkpoint_meta ] && max_len=32768 && timeout=120
   [ "$target" = fuzz_trace ] && max_len=32768
+  [ "$target" = fuzz_dcp_metadata ] && max_len=16384
   "$bin" "$work/$target" "$here/corpus/$target" "${limit[@]}" -max_len=$max_len -timeout=$timeout \
     -rss_limit_mb=4096 -print_final_stats=1 "$@" >"$work/$target.log" 2>&1
   rc=$?
