@@ -398,6 +398,13 @@ def cmd_load_logits(a):
     if missing:
         note(f"gpt2_dcp: {a.dir} lacks {len(missing)} key(s) the model needs: {', '.join(missing)}")
         return 1
+    md = checkpoint_keys(a.dir)[0].state_dict_metadata
+    shapes = [f"{k} is {list(md[k].size)} in {a.dir}, {list(v.shape)} in the model"
+              for k, v in wanted.items()
+              if isinstance(v, torch.Tensor) and k in md and list(md[k].size) != list(v.shape)]
+    if shapes:
+        note(f"gpt2_dcp: {len(shapes)} shape(s) differ: {'; '.join(shapes)}")
+        return 1
     pg_missing = sorted(k for k in wanted if k not in keys)
     extra = sorted(k for k in keys if k not in wanted)
     # Separate tensors per key (lm_head.weight and wte are one tensor in the model): the tie is
