@@ -22,8 +22,9 @@ Commands (every one prints one JSON object on stdout; notes go to stderr; exit 1
 check, 2 on bad usage):
 
   train-save --tokens FILE --out DIR [--procs 1|2] [--steps K] [--continue M] [--dtype D]
-             [--write-logits FILE.npy] [model and optimizer flags]
-      Initialise (--seed), train K AdamW steps (windows 0..K-1), then
+             [--write-logits FILE.npy] [--init-llmc FILE] [model and optimizer flags]
+      Initialise (--seed, or the weights of an llm.c model file, fsdp-train --export-llmc, which
+      checks that this model's losses are fsdp-train's before any checkpoint is involved), train K AdamW steps (windows 0..K-1), then
           model_sd, optim_sd = get_state_dict(model, opt)
           dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=DIR)
       so DIR's keys are model.<fqn>, optim.state.<fqn>.{exp_avg,exp_avg_sq,step} and
@@ -191,8 +192,49 @@ def window(data, s, B, T):
     return w[:-1].view(B, T), w[1:].view(B, T)
 
 
+def read_llmc_model(model, path):
+    """Copies an llm.c fp32 model file (fsdp-train --export-llmc) into `model`, whose shape must
+    match the header's (the vocabulary rows are cut or zero-padded to the model's)."""
+    data = open(path, "rb").read()
+    header = struct.unpack("<256i", data[:1024])
+    assert header[0] == 20240326 and header[1] == 3, f"{path}: not an llm.c fp32 model file"
+    max_t, V, L, NH, C, Vp = header[2:8]
+    t = model.transformer
+    assert (L, C, max_t) == (len(t.h), t.wpe.weight.shape[1], t.wpe.weight.shape[0]), \
+        f"{path} has L {L}, C {C}, context {max_t}: another shape than the model"
+    flat = torch.frombuffer(bytearray(data[1024:]), dtype=torch.float32)
+    at = 0
+
+    def take(*shape):
+        nonlocal at
+        n = math.prod(shape)
+        at += n
+        return flat[at - n:at].view(shape)
+    wte, wpe = take(Vp, C), take(max_t, C)
+    per_layer = [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (3 * C, C)),
+                 ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)),
+                 ("attn.c_proj.bias", (C,)), ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                 ("mlp.c_fc.weight", (4 * C, C)), ("mlp.c_fc.bias", (4 * C,)),
+                 ("mlp.c_proj.weight", (C, 4 * C)), ("mlp.c_proj.bias", (C,))]
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, shape in per_layer:
+            stacked = take(L, *shape)
+            for l in range(L):
+                params[f"transformer.h.{l}.{name}"].copy_(stacked[l])
+        t.ln_f.weight.copy_(take(C))
+        t.ln_f.bias.copy_(take(C))
+        assert at == flat.numel(), f"{path}: {flat.numel() - at} floats left over"
+        rows = min(Vp, t.wte.weight.shape[0])
+        t.wte.weight.zero_()
+        t.wte.weight[:rows].copy_(wte[:rows])
+        t.wpe.weight.copy_(wpe)
+
+
 def build(a):
     model = GPT2(a.layers, a.d_model, a.heads, a.context, a.vocab_rows)
+    if getattr(a, "init_llmc", None):
+        read_llmc_model(model, a.init_llmc)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                             weight_decay=a.weight_decay)
     return model, opt
@@ -531,6 +573,7 @@ def main():
     q.add_argument("--steps", type=int, default=3)
     q.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     q.add_argument("--write-logits")
+    q.add_argument("--init-llmc", metavar="FILE")
     model_flags(q)
     q = sub.add_parser("load-logits")
     q.add_argument("--dir", required=True)
