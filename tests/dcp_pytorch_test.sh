@@ -19,10 +19,11 @@
 #     format_utils.dcp_to_torch_save reads the export too.
 # The Python side also checks itself first: its own checkpoints load back (1 and 2 processes)
 # with equal logits, the 2-process .metadata has two chunks per tensor in two files, and
-# dcp_to_torch_save gives dcp.load's tensors.
+# dcp_to_torch_save gives dcp.load's tensors; and the two models agree without DCP: started
+# from fsdp-train's --export-llmc file, PyTorch's losses are fsdp-train's (HYBRID_SHARD (2, 2)).
 #
-# FSDP_DCP_PYTHON_ONLY=1 runs only the Python side (for a build whose fsdp-train has no DCP
-# flags yet); otherwise an fsdp-train without --export-dcp is a failure.
+# FSDP_DCP_PYTHON_ONLY=1 stops there (for a build whose fsdp-train has no DCP flags yet);
+# otherwise an fsdp-train without --export-dcp is a failure.
 set -u
 BUILD=$(cd "$1" && pwd)
 SRC=$(cd "$2" && pwd)
@@ -154,6 +155,22 @@ if py to-torch-save --dir ck2 --out ck2.pt >ck2.pt.json 2>ck2.pt.err; then
   pass "dcp_to_torch_save(ck2) equals dcp.load: $(cat ck2.pt.json)"
 else
   fail "gpt2_dcp.py to-torch-save ck2: $(tail -n 3 ck2.pt.err)"
+fi
+
+# --- the two models agree before any checkpoint: the same llm.c weights, the same losses --------
+if [ -x "$BUILD/fsdp-train" ]; then
+  if timeout 120 "${TRAIN[@]}" --steps 1 --seed 9 --export-llmc "$D/init.bin" >init.out 2>&1 &&
+     timeout 180 "${TRAIN[@]}" --strategy hybrid_shard --mesh 2,2 --devices 4 --init-from "$D/init.bin" \
+       --steps 4 --metrics "$D/llmc.jsonl" >llmc.out 2>&1 &&
+     py train-save --init-llmc init.bin --out ck_llmc --steps 4 "${PYFLAGS[@]}" >llmc.json 2>llmc.err
+  then
+    close "PyTorch's model from fsdp-train's llm.c export has fsdp-train's losses (hybrid_2x2, 4 steps)" \
+      "$(json_get llmc.json 'j["losses"]')" "$(losses_of llmc.jsonl 1 4)"
+  else
+    fail "the llm.c cross-check: $(tail -n 3 init.out llmc.out llmc.err)"
+  fi
+else
+  fail "no $BUILD/fsdp-train"
 fi
 
 if [ "${FSDP_DCP_PYTHON_ONLY:-}" = 1 ]; then
