@@ -69,12 +69,13 @@ with open("train.bin", "wb") as f:
     f.write(struct.pack(f"<{n}H", *t))
 EOF
 
-# The model and optimizer on both sides: 2 blocks of width 64, 4 heads, context 64, B 4, T 16,
+# The model and optimizer on both sides: 2 blocks of width 64, 4 heads, context 64, B 12, T 16
+# (12: it splits evenly over 3 ranks and over 4),
 # AdamW lr 1e-3 (constant, no warm-up, no clipping), betas (0.9, 0.999), eps 1e-8, wd 0.1.
 SHAPE=(--layers 2 --d-model 64 --heads 4 --context 64)
-PYFLAGS=("${SHAPE[@]}" --batch 4 --seq-len 16 --lr 1e-3 --beta1 0.9 --beta2 0.999 --eps 1e-8
+PYFLAGS=("${SHAPE[@]}" --batch 12 --seq-len 16 --lr 1e-3 --beta1 0.9 --beta2 0.999 --eps 1e-8
          --weight-decay 0.1 --tokens train.bin --timeout 240)
-TRAIN=("$BUILD/fsdp-train" --model gpt2 "${SHAPE[@]}" --global-batch 4 --seq-len 16 --lr 1e-3
+TRAIN=("$BUILD/fsdp-train" --model gpt2 "${SHAPE[@]}" --global-batch 12 --seq-len 16 --lr 1e-3
        --warmup-steps 0 --lr-schedule constant --clip-grad 0 --beta1 0.9 --beta2 0.999
        --adam-eps 1e-8 --weight-decay 0.1 --data "$D/train.bin" --data-format llmc
        --data-order sequential --timeout 60 --quiet)

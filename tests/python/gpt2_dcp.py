@@ -60,7 +60,7 @@ check, 2 on bad usage):
       offset, length), and the non-tensor (BYTE_IO) keys.
 
 Model flags (defaults: the tiny GPT-2 of tests/dcp_pytorch_test.sh): --layers 2 --d-model 64
---heads 4 --context 64 --vocab-rows 50304 --batch 4 --seq-len 16 --seed 0. Optimizer flags:
+--heads 4 --context 64 --vocab-rows 50304 --batch 12 --seq-len 16 --seed 0. Optimizer flags:
 --lr 1e-3 --beta1 0.9 --beta2 0.999 --eps 1e-8 --weight-decay 0.1. --timeout 300: seconds for the
 2-process runs (every child is killed when one fails or time runs out).
 
@@ -555,7 +555,7 @@ def main():
         q.add_argument("--heads", type=int, default=4)
         q.add_argument("--context", type=int, default=64)
         q.add_argument("--vocab-rows", type=int, default=vocab_rows, choices=[50257, 50304])
-        q.add_argument("--batch", type=int, default=4)
+        q.add_argument("--batch", type=int, default=12)
         q.add_argument("--seq-len", type=int, default=16)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--lr", type=float, default=1e-3)
