@@ -50,17 +50,16 @@ std::shared_ptr<Runtime> borrow(Runtime& rt) { return {&rt, [](Runtime*) {}}; }
 
 torch::optim::AdamWOptions adamw() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.1); }
 
+// Rank threads share the global generator: the data comes from generators of their own.
 torch::Tensor batch() {
-  torch::manual_seed(11);
-  return torch::randint(17, {4, 5});
+  return torch::randint(17, {4, 5}, at::detail::createCPUGenerator(11));
 }
 torch::Tensor targets() {
-  torch::manual_seed(12);
-  return torch::randint(7, {4, 5});
+  return torch::randint(7, {4, 5}, at::detail::createCPUGenerator(12));
 }
 
-// One AdamW step of NetImpl on `world` ranks with `s`; exports it to `dir` when given. Returns
-// the loss after a second step on rank 0 (the reference a continued run must reproduce).
+// One AdamW step of NetImpl on `world` ranks with `s`, exported to `dir`. Returns the loss after
+// a second step on rank 0 (the reference a continued run must reproduce).
 double train_and_export(int64_t world, const FSDPStrategy& s, const std::string& dir) {
   double after = 0;
   run_ranks(world, [&](Runtime& rt) {
@@ -70,7 +69,7 @@ double train_and_export(int64_t world, const FSDPStrategy& s, const std::string&
     loss_of(model(batch()), targets()).backward();
     opt.step();
     opt.zero_grad();
-    if (!dir.empty()) export_dcp(model, dir, &opt);
+    export_dcp(model, dir, &opt);
     loss_of(model(batch()), targets()).backward();
     opt.step();
     const double l = loss_of(model(batch()), targets()).item<double>();
@@ -101,13 +100,17 @@ double import_and_step(int64_t world, const FSDPStrategy& s, const std::string& 
   return after;
 }
 
-const std::string& exported() {
+// Exported by FULL_SHARD on 4 ranks (flat shards cut rows anywhere: partial-row boxes) after one
+// step; `reference` is that run's loss after one more step.
+const std::string& exported(double* reference = nullptr) {
   static TempDir tmp;
+  static double after = 0;
   static const std::string dir = [] {
     const std::string d = tmp / "ckpt";
-    train_and_export(4, strategy(ShardingStrategy::kFullShard, {4}), d);
+    after = train_and_export(4, strategy(ShardingStrategy::kFullShard, {4}), d);
     return d;
   }();
+  if (reference) *reference = after;
   return dir;
 }
 
@@ -211,8 +214,8 @@ TEST(DcpBoxes, TileEveryFlatRangeExactly) {
 }
 
 TEST(Dcp, ContinuesOnAnotherMeshAsIfNothingHappened) {
-  // Exported by FULL_SHARD on 4 ranks (flat shards cut rows anywhere: partial-row boxes).
-  const double reference = train_and_export(4, strategy(ShardingStrategy::kFullShard, {4}), "");
+  double reference = 0;
+  exported(&reference);
   const fsdp::detail::DcpMetadata m = fsdp::detail::parse_dcp_metadata(
       read_file(exported() + "/.metadata"), "the export");  // tiled exactly, or this throws
   size_t files = 0;
