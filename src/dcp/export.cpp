@@ -1,5 +1,5 @@
-// fsdp::export_dcp: a sharded model (and its optimizer's state) as a PyTorch distributed checkpoint
-// (fsdp/dcp.h).
+// Writing a PyTorch distributed checkpoint (fsdp::export_dcp, fsdp/dcp.h): a sharded model and its
+// optimizer's state.
 //
 // Three agreements: rank 0 makes the directory and removes an earlier .metadata (from then on the
 // directory is no checkpoint); each rank of the first replica writes __<rank>_0.distcp, one

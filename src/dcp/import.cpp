@@ -1,4 +1,5 @@
-// fsdp::import_dcp: a PyTorch distributed checkpoint into a sharded model on any mesh (fsdp/dcp.h).
+// Reading a PyTorch distributed checkpoint into a sharded model on any mesh (fsdp::import_dcp,
+// fsdp/dcp.h).
 //
 // Every rank parses .metadata and matches its keys to the model's names (the same answer on every
 // rank), then reads only the chunks whose boxes meet its own shards' element ranges: a chunk is

@@ -1,4 +1,4 @@
-// torch.save's format for one DCP item (see torch_save.h).
+// One DCP item in the format of torch.save (see torch_save.h).
 #include "dcp/torch_save.h"
 
 #include <caffe2/serialize/inline_container.h>
