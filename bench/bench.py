@@ -23,6 +23,9 @@ What it runs (every run is fsdp-train or a PyTorch script; one intra-op thread p
            (FULL_SHARD and SHARD_GRAD_OP at W = 2, HYBRID_SHARD (2, 2) at W = 4), 3 alternated
            rounds, with the minor page faults per steady step; --trace's cost on the medium GPT at
            W = 4; one traced FULL_SHARD step drawn by fsdp-plot --trace (the timeline picture).
+  plangpt2 fsdp-plan --model gpt2 against fsdp-train on GPT-2 124M (B = 4, T = 64): every strategy
+           at W = 2 and 4, 3 alternated rounds: step time and the trace's exposed communication,
+           predicted and measured.
   checkpoint  sharded save and load of the medium GPT with AdamW at W = 4 against `dd conv=fsync`
            and `cat` of the same bytes (reads with the page cache dropped, root only, and warm);
            async saves: time training is blocked per save against a memcpy of the staging bytes,
@@ -960,6 +963,71 @@ def step_cost(r, results, quick):
                             "trace_model": [model, tbatch, tseq, tsteps], "timeline": timeline}
 
 
+def planner_gpt2(r, results, quick):
+    """fsdp-plan against fsdp-train on GPT-2 124M (issue 39): every strategy at W = 2 and 4,
+    B = 4, T = 64, 3 alternated rounds: the median steady step and the trace's exposed
+    communication, beside fsdp-plan's predicted step and exposed communication for this machine
+    (its calibration, the planner section's when that ran first)."""
+    plan = os.path.join(r.build, "fsdp-plan")
+    cluster = os.path.join(r.work, "this-machine.json")
+    started, load_before = time.time(), os.getloadavg()[0]
+    if not os.path.exists(cluster):
+        log("plangpt2: fsdp-plan --calibrate")
+        subprocess.run([plan, "--calibrate", "--devices", "2" if quick else "4", "--output", cluster]
+                       + (["--sizes", "1,4", "--calibrate-steps", "2"] if quick else []),
+                       env=r.env, check=True, capture_output=True, text=True, timeout=900)
+    shape = ["--layers", "2", "--d-model", "64", "--heads", "4"] if quick else []
+    steps, rounds, batch, seq = (5, 1, 4, 64) if quick else (7, 3, 4, 64)
+    tokens = os.path.join(r.work, "gpt2_tokens.bin")
+    write_llmc_tokens(tokens, 1 << 16, 50257, 24)
+    trace = os.path.join(r.work, "plan-trace.json")
+    extra = shape + ["--data", tokens] + GPT2_LLMC + ["--trace", trace, "--trace-steps",
+                                                      f"4:{steps}"]
+    strategies = ["full_shard", "no_shard"] if quick else [
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"]
+    configs = [(w, s) for w in ([2] if quick else [2, 4]) for s in strategies]
+    measured = {}
+    for k in range(rounds):
+        for cfg in (configs if k % 2 == 0 else configs[::-1]):
+            w, s = cfg
+            log(f"plangpt2: round {k + 1}/{rounds} W={w} {s}")
+            res = r.fsdp("gpt2", steps, batch, seq, w, s, extra=extra)
+            found = re.search(r"exposed communication\s+(.*) of the step", res["output"])
+            fractions = [float(x) / 100 for x in re.findall(r"\d+: ([0-9.]+)%", found.group(1))] \
+                if found else []
+            measured.setdefault(cfg, []).append(
+                {"step_s": steady(res)[0], "exposed": fractions, "command": res["command"]})
+    rows = []
+    for w, s in configs:
+        mesh = f"2,{w // 2}" if s.startswith("hybrid") else None
+        p = json.loads(subprocess.run(
+            [plan, "--cluster", cluster, "--ranks-per-node", str(w), "--model", "gpt2",
+             "--seq-len", str(seq), "--micro-batch", str(batch // w), "--strategy", s, "--json"]
+            + shape + (["--mesh", mesh] if mesh else []),
+            env=r.env, check=True, capture_output=True, text=True).stdout)
+        c = p["candidates"][0]
+        runs = measured[(w, s)]
+        step = median([x["step_s"] for x in runs])
+        # A round's exposed share: the mean over its ranks; the row: the median of the rounds.
+        exposed = median([sum(x["exposed"]) / len(x["exposed"]) for x in runs if x["exposed"]]
+                         or [float("nan")])
+        rows.append({"world": w, "strategy": s, "mesh": c["mesh"], "command": runs[0]["command"],
+                     "measured_step_s": step, "measured_rounds_s": [x["step_s"] for x in runs],
+                     "measured_exposed_fraction": exposed,
+                     "measured_exposed_s": exposed * step,
+                     "measured_exposed_rounds": [x["exposed"] for x in runs],
+                     "predicted_step_s": c["time_s"]["step"],
+                     "predicted_compute_s": c["time_s"]["compute"],
+                     "predicted_exposed_s": c["time_s"]["exposed"],
+                     "predicted_exposed_fraction": c["exposed_fraction"],
+                     "predicted_update_s": c["time_s"]["update"]})
+    results["planner_gpt2"] = {"rows": rows, "rounds": rounds, "steps": steps, "batch": batch,
+                               "seq_len": seq, "shape": shape,
+                               "cluster": json.load(open(cluster)).get("name", "this-machine"),
+                               "load_before": load_before, "load_after": os.getloadavg()[0],
+                               "seconds": time.time() - started}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -967,7 +1035,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one tiny configuration per section")
     ap.add_argument("--sections",
                     default="peers,peers26,scaling,memory,beyond,construction,checkpoint,gpt2,"
-                            "stepcost,planner")
+                            "stepcost,planner,plangpt2")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sections of an existing docs/bench/results.json")
     args = ap.parse_args()
@@ -995,7 +1063,8 @@ def main():
         for name, fn in (("peers", peers), ("peers26", peers_26), ("scaling", scaling),
                          ("memory", memory_headline), ("beyond", beyond_one_rank),
                          ("construction", construction_cost), ("checkpoint", checkpoint_io),
-                         ("gpt2", gpt2), ("stepcost", step_cost), ("planner", planner)):
+                         ("gpt2", gpt2), ("stepcost", step_cost), ("planner", planner),
+                         ("plangpt2", planner_gpt2)):
             if name in sections:
                 began, load = time.time(), os.getloadavg()[0]
                 fn(r, results, args.quick)

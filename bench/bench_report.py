@@ -17,7 +17,7 @@ NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "BENCHMARKS.not
 SECTION_KEYS = {"peers": "peers", "peers26": "peers_26", "scaling": "scaling_model",
                 "memory": "memory", "beyond": "beyond", "construction": "construction",
                 "checkpoint": "checkpoint", "gpt2": "gpt2", "stepcost": "step_cost",
-                "planner": "planner"}
+                "planner": "planner", "plangpt2": "planner_gpt2"}
 
 def med(xs):
     xs = [x for x in xs if x == x]
@@ -259,6 +259,39 @@ def gpt2_section(g):
     md += [f"Rerun: `bench/bench.py --sections gpt2 --merge` (fsdp: `{cmd}`; PyTorch: "
            f"`{peer}`; the token file is {1 << 16} pseudo-random ids, the model file "
            "fsdp-train's `--export-llmc` after one step).", ""]
+    return md
+
+
+def planner_gpt2_section(c):
+    """fsdp-plan against fsdp-train on GPT-2: step time and exposed communication."""
+    name = "GPT-2 124M" if not c["shape"] else "GPT-2 " + " ".join(c["shape"])
+    md = [f"## fsdp-plan on {name}", "",
+          f"`--model gpt2`, B = {c['batch']}, T = {c['seq_len']}, AdamW as llm.c runs it, one "
+          f"thread per rank: every strategy at W = 2 and 4, {c['rounds']} rounds alternating the "
+          f"order, {c['steps']} steps per run (the step: the median of those after the third; "
+          "the trace records steps 4 on). Predicted: `fsdp-plan --model gpt2` with this "
+          "machine's calibration (`fsdp-plan --calibrate`). Exposed communication: the share of "
+          "the step the training thread waits on collectives, measured by `--trace` (the mean "
+          "of the ranks, the median of the rounds) and predicted by the cost model (its step "
+          "minus its compute). `error` is predicted / measured - 1; the goal is within 20%.", "",
+          "| strategy | W | mesh | measured s/step (rounds) | predicted | error | exposed "
+          "measured | exposed predicted |", "|---|---|---|---|---|---|---|---|"]
+    for r in c["rows"]:
+        R, S = r["mesh"]
+        err = r["predicted_step_s"] / r["measured_step_s"] - 1
+        md.append(f"| {r['strategy'].upper()} | {r['world']} | ({R}, {S}) | "
+                  f"{fmt_s(r['measured_step_s'])} "
+                  f"({' / '.join(fmt_s(x) for x in r['measured_rounds_s'])}) | "
+                  f"{fmt_s(r['predicted_step_s'])} | {100 * err:+.0f}% | "
+                  f"{100 * r['measured_exposed_fraction']:.0f}% "
+                  f"({fmt_s(r['measured_exposed_s'])}) | "
+                  f"{100 * r['predicted_exposed_fraction']:.0f}% "
+                  f"({fmt_s(r['predicted_exposed_s'])}) |")
+    worst = max(abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in c["rows"])
+    md += ["", f"Largest step-time error: {100 * worst:.0f}%. Load average {c['load_before']:.2f} "
+           f"before, {c['load_after']:.2f} after; {c['seconds'] / 60:.0f} minutes. Rerun: "
+           "`bench/bench.py --sections plangpt2 --merge` (after `--sections planner` it reuses "
+           f"that calibration; one run: `{c['rows'][0]['command']}`).", ""]
     return md
 
 
@@ -772,6 +805,8 @@ def main():
         md += step_cost_section(res["step_cost"])
     if res.get("planner"):
         md += planner_section(res["planner"], m["cores"])
+    if res.get("planner_gpt2"):
+        md += planner_gpt2_section(res["planner_gpt2"])
     md += ["## GPU", "",
            "Prepared, **not run here** (this machine has no GPU): `scripts/gpu-check.sh` builds "
            "fsdp against a pip-installed CUDA PyTorch, runs the GPU tests and compares fsdp-train "
