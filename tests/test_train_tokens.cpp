@@ -319,6 +319,52 @@ TEST(TokenFiles, ResumeIsBitIdentical) {
   }
 }
 
+// --export-dcp then --init-from-optimizer continues the run: the optimizer's state, the data
+// position and the learning-rate schedule of step 3 (a warm-up still rising there), so steps 4-6
+// equal a straight run's (NOTE [continuing a PyTorch run]; PyTorch itself: dcp_pytorch_test.sh).
+TEST(Gpt2, DcpExportContinuesTheRunAndItsSchedule) {
+  fsdp::testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  write_llmc_tokens(dir + "/train.bin", make_tokens(20000, 5));
+  auto args = [&](const std::string& steps, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--data", dir + "/train.bin", "--data-order=sequential",
+                               "--warmup-steps=6", "--lr=1e-3", "--weight-decay=0.1",
+                               "--global-batch=6",
+                               "--steps=" + steps});
+    return gpt2_args(extra);
+  };
+  auto r = run(args("6", {"--metrics", dir + "/straight.jsonl"}), {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  r = run(args("3", {"--devices=2", "--export-dcp", dir + "/dcp"}), {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  r = run(args("6", {"--devices=3", "--init-from", dir + "/dcp", "--init-from-optimizer",
+                     "--metrics", dir + "/continued.jsonl"}), {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const auto straight = read_metrics(dir + "/straight.jsonl"),
+             continued = read_metrics(dir + "/continued.jsonl");
+  ASSERT_EQ(continued.loss.size(), 3u);
+  for (const auto& [step, loss] : continued.loss) {
+    EXPECT_NEAR(loss, straight.loss.at(step), 1e-5 * std::abs(loss)) << "step " << step;
+  }
+  std::ifstream in(dir + "/continued.jsonl");
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(json::parse(first)["step"].get<int64_t>(), 4);
+  EXPECT_NEAR(json::parse(first)["lr"].get<double>(), 1e-3 * 4 / 6, 1e-12);  // warm-up step 4 of 6
+  // Found when the ranks read the checkpoint: every rank fails with the same line.
+  r = run(args("3", {"--devices=2", "--init-from", dir + "/dcp", "--init-from-optimizer"}), {},
+          120s);
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("fsdp-train: error: ranks 0,1: --init-from-optimizer: " + dir +
+                          "/dcp is at step 3, and --steps 3 counts the total; give --steps 4 or "
+                          "more"),
+            std::string::npos) << r.output;
+  expect_usage_error(args("6", {"--init-from-optimizer"}),
+                     "--init-from-optimizer reads AdamW's state from a PyTorch distributed "
+                     "checkpoint");
+  expect_usage_error(args("6", {"--dcp-rename", "(=x"}), "is not a regular expression");
+}
+
 TEST(Gpt2, ThePresetIsGpt2_124M) {
   auto r = run({kTrain, "--model=gpt2", "--dry-run", "--json"}, {}, 60s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;

@@ -246,10 +246,19 @@ Match match(const DcpMetadata& m, Engine& e, bool with_optimizer, const DcpOptio
       }
     }
   }
-  FSDP_CHECK(problems.empty(), what, " does not match the model (", problems.size(),
-             problems.size() == 1 ? " problem" : " problems", "): ", join_problems(problems),
-             "; map names with --dcp-rename 'REGEX=REPLACEMENT' (DcpOptions::renames; a rule "
-             "that maps a name to nothing skips it)");
+  if (!problems.empty()) {
+    bool names = false, shapes = false;
+    for (const auto& p : problems) {
+      (p.find(" has shape ") != std::string::npos ? shapes : names) = true;
+    }
+    throw Error(cat(what, " does not match the model (", problems.size(),
+                    problems.size() == 1 ? " problem" : " problems", "): ",
+                    join_problems(problems),
+                    names ? "; map names with --dcp-rename 'REGEX=REPLACEMENT' "
+                            "(DcpOptions::renames; a rule that maps a name to nothing skips it)"
+                          : "",
+                    shapes ? "; build the model with the checkpoint's shapes" : ""));
+  }
   info.tensors = static_cast<int64_t>(out.model.size());
   if (!dropped.empty()) {
     info.notes.push_back(cat(dropped.size(), " tensors skipped by a rule (", dropped.front(),
