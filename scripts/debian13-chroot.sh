@@ -64,9 +64,11 @@ chroot_setup() {
       missing="$missing $p"
   done
   [ -z "$debconf" ] || echo "$debconf" | chroot "$root" debconf-set-selections
+  # A package whose triggers another apt run inside has left pending counts as missing here:
+  # the install then waits for that run's dpkg lock instead of failing.
   if [ -n "$missing" ]; then
     chroot "$root" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends $packages >/dev/null"
+      apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends $packages >/dev/null"
   fi
 }
 

