@@ -85,6 +85,7 @@ libtorch2-chroot:
 
 # The CUDA/NCCL code compiled and the whole suite run against Debian 13's CUDA libtorch 2.6, no
 # GPU needed (root, a Debian mirror; the first run downloads ~2.9 GB into /opt/cuda-chroot): see
-# scripts/cuda-check.sh and docs/testing.md. Not part of `make test`.
-cuda-check:
+# scripts/cuda-check.sh and docs/testing.md. Not part of `make test`. setup first: this machine's
+# npm installs the npm package the suite needs into the chroot.
+cuda-check: setup
 	./scripts/cuda-check.sh all
