@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PyTorch Distributed Checkpoint (DCP) interchange with PyTorch 2.6 itself (issue 40, item 4).
 #
-#   usage: dcp_pytorch_test.sh BUILD_DIR SOURCE_DIR      (exit 77: skipped, with the reason)
+#   usage: dcp_pytorch_test.sh BUILD_DIR SOURCE_DIR   (exit 77: skipped without root or the
+#                                                      chroot, saying why; on CI it fails instead)
 #
 # tests/python/gpt2_dcp.py (a PyTorch GPT-2 with nanoGPT's names, run by the Debian 13 chroot's
 # python3-torch 2.6: scripts/libtorch2-chroot.sh) trains 3 AdamW steps on a token file and saves
@@ -17,10 +18,9 @@
 #     fsdp-train's within 1e-6 (max|diff| / max|ref|), and which, continuing from the exported
 #     AdamW state, has the losses of fsdp-train's own steps 4 and 5 within 1e-5 relative;
 #     format_utils.dcp_to_torch_save reads the export too.
-# The Python side also checks itself first: its own checkpoints load back (1 and 2 processes)
-# with equal logits, the 2-process .metadata has two chunks per tensor in two files, and
-# dcp_to_torch_save gives dcp.load's tensors; and the two models agree without DCP: started
-# from fsdp-train's --export-llmc file, PyTorch's losses are fsdp-train's (HYBRID_SHARD (2, 2)).
+# The Python side also checks what it wrote: the 2-process .metadata has two chunks per tensor in
+# two files, and dcp_to_torch_save gives dcp.load's tensors. (gpt2_dcp.py train-save --init-llmc
+# and load-logits on PyTorch's own checkpoints check the Python model itself by hand.)
 #
 # FSDP_DCP_PYTHON_ONLY=1 stops there (for a build whose fsdp-train has no DCP flags yet);
 # otherwise an fsdp-train without --export-dcp is a failure.
@@ -47,10 +47,8 @@ if python3 -c 'import torch.distributed.checkpoint.state_dict' 2>/dev/null; then
   py() { (cd "$D" && timeout 300 python3 gpt2_dcp.py "$@"); }
 else
   CHROOT=$("$SRC/scripts/libtorch2-chroot.sh" path)
-  [ -x "$CHROOT/usr/bin/python3" ] ||
-    skip "PyTorch 2.6 (torch.distributed.checkpoint) is not installed here and the libtorch 2.6" \
-         "chroot does not exist at $CHROOT; create it with 'make libtorch2-chroot' (root, Debian mirror)"
-  [ "$(id -u)" -eq 0 ] || skip "entering the libtorch 2.6 chroot at $CHROOT needs root"
+  # Skips (77) without root or the chroot, saying why; fails instead on CI (CI set).
+  "$SRC/scripts/libtorch2-chroot.sh" check || exit $?
   py() { (cd "$D" && timeout 300 "$SRC/scripts/libtorch2-chroot.sh" run python3 gpt2_dcp.py "$@"); }
 fi
 cd "$D" || exit 1
@@ -124,17 +122,6 @@ for spec in "ck1 1 50257 fp32" "ck2 2 50304 bf16"; do
     fail "gpt2_dcp.py train-save $1: $(tail -n 5 "$1.err")"
   fi
 done
-for spec in "ck1 2 50257" "ck2 1 50304"; do
-  set -- $spec
-  if py load-logits --dir "$1" --logits "$1.npy" --procs "$2" --vocab-rows "$3" --continue $M \
-      "${PYFLAGS[@]}" >"$1.load.json" 2>"$1.load.err"; then
-    pass "PyTorch loads its own $1 in $2 process(es): logits $(json_get "$1.load.json" 'j["logits_max_abs_diff_over_max_abs"]')"
-    close "PyTorch continued from its own $1" "$(json_get "$1.load.json" 'j["continued"]')" \
-      "$(json_get "$1.json" 'j["continued"]')"
-  else
-    fail "gpt2_dcp.py load-logits $1 (procs $2): $(tail -n 5 "$1.load.err")"
-  fi
-done
 if py metadata --dir ck2 >ck2.md.json 2>ck2.md.err; then
   if msg=$(python3 -c '
 import json, sys
@@ -158,21 +145,7 @@ else
   fail "gpt2_dcp.py to-torch-save ck2: $(tail -n 3 ck2.pt.err)"
 fi
 
-# --- the two models agree before any checkpoint: the same llm.c weights, the same losses --------
-if [ -x "$BUILD/fsdp-train" ]; then
-  if timeout 120 "${TRAIN[@]}" --steps 1 --seed 9 --export-llmc "$D/init.bin" >init.out 2>&1 &&
-     timeout 180 "${TRAIN[@]}" --strategy hybrid_shard --mesh 2,2 --devices 4 --init-from "$D/init.bin" \
-       --steps 4 --metrics "$D/llmc.jsonl" >llmc.out 2>&1 &&
-     py train-save --init-llmc init.bin --out ck_llmc --steps 4 "${PYFLAGS[@]}" >llmc.json 2>llmc.err
-  then
-    close "PyTorch's model from fsdp-train's llm.c export has fsdp-train's losses (hybrid_2x2, 4 steps)" \
-      "$(json_get llmc.json 'j["losses"]')" "$(losses_of llmc.jsonl 1 4)"
-  else
-    fail "the llm.c cross-check: $(tail -n 3 init.out llmc.out llmc.err)"
-  fi
-else
-  fail "no $BUILD/fsdp-train"
-fi
+[ -x "$BUILD/fsdp-train" ] || { fail "no $BUILD/fsdp-train"; finish; }
 
 if [ "${FSDP_DCP_PYTHON_ONLY:-}" = 1 ]; then
   echo "FSDP_DCP_PYTHON_ONLY=1: fsdp-train's part not run"
