@@ -151,19 +151,21 @@ at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
   return flat.reshape({-1}).narrow(0, c.shard_offset, c.end - c.begin).cpu().contiguous();
 }
 
+at::Tensor build_flat(const Engine& e, const FlatView& u, const SliceSource& source) {
+  at::Tensor shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t begin = e.shard_group()->rank() * u.shard_numel;
+  for (const auto& s : u.params) {
+    const auto sl = detail::shard_slice(begin, u.shard_numel, s.offset, s.numel);
+    if (sl.empty()) continue;
+    shard.narrow(0, sl.in_shard(), sl.numel())
+        .copy_(source(s.name, sl.in_param(), sl.in_param_end()).to(at::kFloat));
+  }
+  return shard;
+}
+
 std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source) {
   std::vector<at::Tensor> shards;
-  for (const auto& u : e.flat_views()) {
-    at::Tensor shard = at::zeros({u.shard_numel}, at::TensorOptions().dtype(at::kFloat));
-    const int64_t begin = e.shard_group()->rank() * u.shard_numel;
-    for (const auto& s : u.params) {
-      const auto sl = detail::shard_slice(begin, u.shard_numel, s.offset, s.numel);
-      if (sl.empty()) continue;
-      shard.narrow(0, sl.in_shard(), sl.numel())
-          .copy_(source(s.name, sl.in_param(), sl.in_param_end()).to(at::kFloat));
-    }
-    shards.push_back(shard);
-  }
+  for (const auto& u : e.flat_views()) shards.push_back(build_flat(e, u, source));
   return shards;
 }
 

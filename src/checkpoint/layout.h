@@ -44,6 +44,9 @@ at::Tensor chunk_data(const Chunk& c, const Layout& L, const Engine& e,
 // The values a loader needs: (name, element range) -> tensor. Implemented per format.
 using SliceSource = std::function<at::Tensor(const std::string& name, int64_t lo, int64_t hi)>;
 
+// This rank's new fp32 shard of flat `u` of `e`, from `source` (zeros where no parameter lies).
+at::Tensor build_flat(const Engine& e, const FlatView& u, const SliceSource& source);
+
 // New fp32 shards for every unit of `e`, from `source` (parameters only).
 std::vector<at::Tensor> build_shards(const Engine& e, const SliceSource& source);
 

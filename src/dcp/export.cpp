@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -221,12 +222,9 @@ void export_dcp(ShardedModuleBase& model, const std::string& dir,
                  " (export the model alone: no optimizer)");
     }
     if (r == 0) {
-      for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
-        const std::string part = dir.substr(0, at);
-        FSDP_CHECK(::mkdir(part.c_str(), 0755) == 0 || errno == EEXIST, what, ": cannot create '",
-                   part, "' (", detail::errno_text(), ")");
-        if (at == std::string::npos) break;
-      }
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      FSDP_CHECK(!ec, what, ": cannot create '", dir, "' (", ec.message(), ")");
       const std::string meta = dir + "/.metadata";
       FSDP_CHECK(::unlink(meta.c_str()) == 0 || errno == ENOENT, what, ": cannot remove the "
                  "earlier '", meta, "' (", detail::errno_text(), ")");

@@ -14,7 +14,6 @@
 #include <set>
 
 #include "base/compat.h"
-#include "base/shard_slice.h"
 #include "checkpoint/common.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/layout.h"
@@ -409,7 +408,6 @@ DcpImportInfo import_dcp(ShardedModuleBase& model, const std::string& dir,
     }
     if (with_opt) {
       const auto flats = e.flat_views();
-      const int64_t shard_rank = e.shard_group()->rank();
       std::set<int64_t> steps;
       for (const auto& u : flats) {
         if (!u.trainable || u.padded == 0) {
@@ -429,17 +427,12 @@ DcpImportInfo import_dcp(ShardedModuleBase& model, const std::string& dir,
           steps.insert(static_cast<int64_t>(v));
         }
         kind->set_step(*st, step);
-        const int64_t begin = shard_rank * u.shard_numel;
         for (const auto& f : kind->fields) {
           if (f.name == "max_exp_avg_sq") continue;
-          at::Tensor flat = at::zeros({u.shard_numel}, at::kFloat);
-          for (const auto& s : u.params) {
-            const auto sl = detail::shard_slice(begin, u.shard_numel, s.offset, s.numel);
-            if (sl.empty()) continue;
-            flat.narrow(0, sl.in_shard(), sl.numel())
-                .copy_(rd.slice(*mt.optim.at({s.name, f.name}), sl.in_param(), sl.in_param_end())
-                           .to(at::kFloat));
-          }
+          const at::Tensor flat = detail::build_flat(
+              e, u, [&](const std::string& name, int64_t lo, int64_t hi) {
+                return rd.slice(*mt.optim.at({name, f.name}), lo, hi);
+              });
           f.set(*st, flat.to(u.param.device()));
         }
         states.push_back(std::move(st));
