@@ -388,6 +388,30 @@ TEST(Train, MemoryAccountAddsUp) {
   }
 }
 
+// The first step's largest memory comes after its backward: AdamW makes its state in the
+// optimizer step. The account samples that moment too, so its sharded state is the whole of it
+// (parameter and gradient shards and AdamW's two moments), the figure of the summary's top rows.
+TEST(Train, MemoryAccountSeesTheFirstOptimizerState) {
+  if (fsdp::testing::kSanitized) GTEST_SKIP() << "the memory account reads mallinfo2 (see above)";
+  auto r = run(train_args({"--devices", "2", "--strategy", "full_shard", "--model", "small",
+                           "--steps", "1", "--global-batch", "2", "--seq-len", "16", "--quiet"}),
+               {}, 120s);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const auto account = r.output.find("where rank 0's memory goes");
+  ASSERT_NE(account, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the end of step 1's optimizer step", account), std::string::npos)
+      << r.output;
+  // "    sharded state        1.23 MiB (...)": the top's (the largest rank's) and the account's.
+  auto state_row = [&](size_t from) {
+    const size_t at = r.output.find("sharded state", from);
+    EXPECT_NE(at, std::string::npos) << r.output;
+    const size_t value = r.output.find_first_not_of(' ', at + 13);
+    return r.output.substr(value, r.output.find(" (", value) - value);
+  };
+  const std::string top = state_row(0), in_account = state_row(account);
+  EXPECT_EQ(in_account, top) << r.output;  // FULL_SHARD over 2: both ranks hold equal shards
+}
+
 TEST(Train, HelpListsEveryFlagWithItsDefault) {
   auto r = run({kTrain, "--help"}, {}, 30s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;

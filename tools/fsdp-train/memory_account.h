@@ -1,7 +1,8 @@
 // fsdp-train's account of a rank's memory: the process's anonymous resident memory at the largest
-// of the moments sampled (the end of a forward, when activations are at their largest, and the
-// end of a backward, when every gradient shard exists), split into parts that are each measured on
-// their own, so that their sum can be checked against the kernel's number (docs/performance.md,
+// of the moments sampled (the end of a forward, when activations are at their largest; the end of
+// a backward, when every gradient shard exists; the end of the optimizer step, when the first
+// step's optimizer state has just been made), split into parts that are each measured on their
+// own, so that their sum can be checked against the kernel's number (docs/performance.md,
 // "Where a rank's memory goes").
 #pragma once
 
@@ -18,7 +19,8 @@ class MemoryAccount {
  public:
   // Call before the model exists: the process's base (libtorch, Gloo, threads, the data).
   void set_base() { base_ = fsdp::process_memory(); }
-  // Call at a moment of the step (`when`: "forward", "backward") with the engine's numbers;
+  // Call at a moment of the step (`when`: "forward", "backward", "optimizer step") with the
+  // engine's numbers (memory_stats(&optimizer): the optimizer's state counts as sharded state);
   // keeps the sample of largest RssAnon.
   void sample(int64_t step, const char* when, const fsdp::MemoryStats& engine);
   bool empty() const { return step_ < 0; }
