@@ -7,7 +7,10 @@
 #                                        lacks, with the debconf-set-selections lines DEBCONF
 #                                        answered first; idempotent
 # chroot_run ROOT CMD [ARG..]            run CMD inside, in the current directory (bind-mounted
-#                                        at the same path); does not return
+#                                        at the same path, and left mounted for the next run);
+#                                        does not return
+# chroot_release ROOT DIR                unmount what chroot_run left mounted for DIR and the
+#                                        directories under it
 #
 # Needs root and a Debian mirror that has trixie: the mirror this machine's apt already uses
 # (the first URIs: / deb line of its sources), or DEBIAN_MIRROR=<url>.
@@ -87,4 +90,19 @@ chroot_run() {
   mountpoint -q "$root$here" || mount --bind "$here" "$root$here"
   # PyTorch 2.6 as Debian builds it has no libuv: TCPStore must use its classic server.
   exec chroot "$root" env USE_LIBUV=0 bash -c 'cd "$0" && exec "$@"' "$here" "$@"
+}
+
+# The bind mounts chroot_run keeps (one per directory it ran in) hold those directories busy:
+# deleting one (a clone, a worktree) fails with "Device or resource busy" until they go. Deepest
+# first; lazily, so a command still running inside keeps what it uses.
+chroot_release() {
+  local root=$1 here m
+  here=$(realpath -m "$2")
+  [ "$here" != / ] || { echo "chroot_release: not /: name the directory that ran inside" >&2; return 2; }
+  awk '{print $2}' /proc/mounts | while read -r m; do
+    m=$(printf '%b' "$m")  # /proc/mounts writes a space as \040
+    case "$m" in "$root$here" | "$root$here"/*) echo "$m" ;; esac
+  done | sort -r | while read -r m; do
+    umount -l "$m" && echo "released $m"
+  done
 }

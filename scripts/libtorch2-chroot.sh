@@ -27,6 +27,10 @@
 #                                                a quarter less CPU than Release), ccache (its
 #                                                cache stays in the chroot: 17 s again after
 #                                                rm -rf DIR), no tests
+#   scripts/libtorch2-chroot.sh release DIR      unmount what `run` left mounted for DIR and the
+#                                                directories under it: `run` keeps the bind mount
+#                                                of every directory it ran in, which stays busy
+#                                                (rm -rf: "Device or resource busy") until then
 #   scripts/libtorch2-chroot.sh path             print the chroot's root
 # `make libtorch2-chroot` runs setup.
 #
@@ -160,6 +164,10 @@ case "${1:-}" in
       CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime \
         cmake --build "$dir" --target "$@"' _ "$dir" "$@"
     ;;
+  release)
+    [ $# -eq 2 ] || { echo "usage: $0 release DIR" >&2; exit 2; }
+    chroot_release "$ROOT" "$2"
+    ;;
   path) echo "$ROOT" ;;
-  *) sed -n '2,38p' "$0"; exit 2 ;;
+  *) sed -n '2,42p' "$0"; exit 2 ;;
 esac
