@@ -58,6 +58,7 @@ Model build_model(const TrainOptions& o, const TrainPlan& p,
   Model model = init ? fsdp::shard(net, *init) : fsdp::shard(net, p.strategy, runtime);
   info->seconds = seconds_since(start);
   info->peak_rss = fsdp::process_memory().peak_rss;
+  info->peak_rss_reset_after = info->peak_rss_reset && fsdp::reset_peak_rss();
   if (init) {
     info->units_deferred = init->stats().units;
     info->largest_unit_bytes = init->stats().largest_unit_bytes;

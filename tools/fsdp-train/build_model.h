@@ -23,6 +23,9 @@ struct Construction {
   double seconds = 0;         // building and sharding (not --init-from)
   int64_t peak_rss = 0;       // VmHWM reached while building and sharding, bytes
   bool peak_rss_reset = true; // false: /proc/self/clear_refs refused, the peak is since start
+  // VmHWM was reset again when construction ended: from there on it measures what comes after
+  // (weights loaded, training), which the summary shows beside the whole process's peak.
+  bool peak_rss_reset_after = false;
   int64_t params = 0;         // the model's parameters (elements)
   int64_t units_deferred = 0; // units that sharded themselves as they were built
   int64_t largest_unit_bytes = 0;

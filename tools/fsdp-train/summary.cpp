@@ -77,6 +77,10 @@ void print_memory(const double (&peak)[kNumStats], double replica, const MemoryA
   row("  gathered peak", cat(fsdp::format_bytes(peak[kGatheredPeak]),
                              " (unsharded parameters and gradients held at once)"));
   row("  peak RSS", cat(fsdp::format_bytes(peak[kPeakRss]), " (whole process)"));
+  if (peak[kPeakRssAfter] > 0) {
+    row("  after construction", cat(fsdp::format_bytes(peak[kPeakRssAfter]),
+                                    " (peak RSS since the model was sharded: training, loading)"));
+  }
   if (!account.empty()) {
     std::printf("  where rank 0's memory goes (anonymous RSS at its largest sampled: the end of "
                 "step %lld's %s)\n",

@@ -26,7 +26,9 @@ enum Stat : int64_t {
   kStepTime,       // seconds
   kShardedState,   // parameter + gradient shards + optimizer state, bytes
   kGatheredPeak,   // gathered parameters and unsharded gradients at peak, bytes
-  kPeakRss,        // VmHWM, bytes
+  kPeakRss,        // the whole process's peak resident size, bytes: VmHWM, or construction's
+                   // peak where that is larger (VmHWM restarts when construction ends)
+  kPeakRssAfter,   // VmHWM since construction ended (0: not measured separately), bytes
   kCommShard,      // payload issued this step on the shard group, bytes
   kCommReplicate,  // ... on the replicate group
   kCommWorld,      // ... on the world group (not counting these metrics)

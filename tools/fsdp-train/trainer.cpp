@@ -480,7 +480,13 @@ StepRecord Trainer::gather_metrics(
   m[kStepTime] = step_time;
   m[kShardedState] = double(mem.sharded_state_bytes());
   m[kGatheredPeak] = double(mem.unsharded_peak_bytes);
-  m[kPeakRss] = double(peak_rss_bytes());
+  // NOTE [peak after construction]: build_model restarted VmHWM when construction ended, so that
+  // the summary can tell the run's peak apart from construction's (eager construction holds the
+  // whole model: its peak often hides training's).
+  const Construction& built = log_.construction;
+  const double vm_hwm = double(peak_rss_bytes());
+  m[kPeakRss] = built.peak_rss_reset_after ? std::max(vm_hwm, double(built.peak_rss)) : vm_hwm;
+  m[kPeakRssAfter] = built.peak_rss_reset_after ? vm_hwm : 0.0;
   m[kSignal] = double(preempt_->received());
   m[kMinorFaults] = double(faults);
   for (size_t g = 0; g < comm_after.size(); ++g) {
