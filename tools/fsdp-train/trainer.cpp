@@ -403,12 +403,12 @@ void Trainer::train_step(int64_t step) {
     auto s = span("optimizer", "optimizer");
     optimizer_.step();
   }
-  // AdamW makes its state in the first step's optimizer step, after the backward: that step's
-  // largest RssAnon is here, not at the backward's end.
-  log_.account.sample(step + 1, "optimizer step", model_.memory_stats(&optimizer_));
   const double step_time = seconds_since(t0);
   if (trace_) trace_->end_step();
   const int64_t faults = minor_faults() - faults_before;
+  // AdamW makes its state in the first step's optimizer step, after the backward: that step's
+  // largest RssAnon is here, not at the backward's end. Outside the step's time.
+  log_.account.sample(step + 1, "optimizer step", model_.memory_stats(&optimizer_));
 
   const StepRecord rec = gather_metrics(loss, step_time, lr, comm_before, faults);
   // rec.loss is the same number on every rank, so every rank stops here together.
