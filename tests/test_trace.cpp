@@ -191,6 +191,27 @@ TEST(Trace, FsdpTrainTraceMatchesItsMetrics) {
     EXPECT_TRUE(categories.count(c)) << "no event of category " << c;
   }
   EXPECT_TRUE(names.count("forward block0") && names.count("backward block0")) << r.output;
+  // Each optimizer span's end samples the memory counter before the next unit's compute: the
+  // first step's optimizer makes AdamW's state, which the units' samples would not see.
+  std::vector<double> optimizer_ends, compute_starts, memory_samples;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["pid"] != 0) continue;
+    if (e["ph"] == "X" && e["name"] == "optimizer") {
+      optimizer_ends.push_back(e["ts"].get<double>() + e["dur"].get<double>());
+    }
+    if (e["ph"] == "X" && e["cat"] == "compute") compute_starts.push_back(e["ts"].get<double>());
+    if (e["ph"] == "C" && e["name"] == "memory") memory_samples.push_back(e["ts"].get<double>());
+  }
+  EXPECT_EQ(optimizer_ends.size(), 3u);  // steps 2 to 4
+  for (double end : optimizer_ends) {
+    double next = 1e300;
+    for (double t : compute_starts) {
+      if (t >= end) next = std::min(next, t);
+    }
+    bool sampled = false;
+    for (double t : memory_samples) sampled = sampled || (t >= end - 0.01 && t <= next);
+    EXPECT_TRUE(sampled) << "no memory sample after the optimizer span ending at " << end;
+  }
   std::ifstream in(metrics);
   std::string line;
   int64_t shard = 0, world = 0;

@@ -15,7 +15,7 @@
 //     group's earlier collectives (Gloo; NCCL collectives run on the GPU and are not recorded);
 //   - "checkpoint writer": a background save's write;
 //   - a counter track "memory": resident bytes and the engine's gathered/unsharded buffer bytes
-//     after each unit's forward and backward.
+//     after each unit's forward and backward, and resident bytes at the end of the caller's spans.
 // Events of one thread nest and never overlap otherwise.
 //
 // One clock: at construction every rank estimates its clock's offset to rank 0's through the
@@ -84,7 +84,8 @@ class Trace {
   bool recording() const;
 
   // A span of the caller's on the calling thread, e.g. span("optimizer", "optimizer"): recorded
-  // from here to the Span's destruction (or end()), if recording now.
+  // from here to the Span's destruction (or end()), if recording now; its end also samples the
+  // "memory" counter's resident bytes (the first step's optimizer makes AdamW's state there).
   class Span {
    public:
     Span();
@@ -95,6 +96,7 @@ class Trace {
    private:
     friend class Trace;
     std::unique_ptr<detail::TraceSpan> impl_;
+    detail::TraceSlot* slot_ = nullptr;
   };
   Span span(const char* category, const std::string& name) const;
 

@@ -160,14 +160,19 @@ bool Trace::recording() const { return slot_->on(); }
 
 Trace::Span::Span() = default;
 Trace::Span::Span(Span&&) noexcept = default;
-Trace::Span::~Span() = default;
+Trace::Span::~Span() { end(); }
 void Trace::Span::end() {
-  if (impl_) impl_->end();
+  if (!impl_ || !impl_->active()) return;
+  impl_->end();
+  detail::trace_counter(slot_, "memory", {{"rss_bytes", double(detail::resident_bytes())}});
 }
 
 Trace::Span Trace::span(const char* category, const std::string& name) const {
   Span s;
-  if (slot_->on()) s.impl_ = std::make_unique<detail::TraceSpan>(slot_, category, name);
+  if (slot_->on()) {
+    s.impl_ = std::make_unique<detail::TraceSpan>(slot_, category, name);
+    s.slot_ = slot_;
+  }
   return s;
 }
 
