@@ -96,7 +96,6 @@ class Trace {
    private:
     friend class Trace;
     std::unique_ptr<detail::TraceSpan> impl_;
-    detail::TraceSlot* slot_ = nullptr;
   };
   Span span(const char* category, const std::string& name) const;
 

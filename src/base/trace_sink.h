@@ -111,6 +111,7 @@ class TraceSpan {
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
   bool active() const { return slot_ != nullptr; }
+  TraceSlot* slot() const { return slot_; }  // null once ended
   TraceSpan& arg(const char* key, double number);
   TraceSpan& arg(const char* key, std::string_view text);
   void end();  // records now (idempotent)

@@ -163,16 +163,14 @@ Trace::Span::Span(Span&&) noexcept = default;
 Trace::Span::~Span() { end(); }
 void Trace::Span::end() {
   if (!impl_ || !impl_->active()) return;
+  detail::TraceSlot* slot = impl_->slot();
   impl_->end();
-  detail::trace_counter(slot_, "memory", {{"rss_bytes", double(detail::resident_bytes())}});
+  detail::trace_counter(slot, "memory", {{"rss_bytes", double(detail::resident_bytes())}});
 }
 
 Trace::Span Trace::span(const char* category, const std::string& name) const {
   Span s;
-  if (slot_->on()) {
-    s.impl_ = std::make_unique<detail::TraceSpan>(slot_, category, name);
-    s.slot_ = slot_;
-  }
+  if (slot_->on()) s.impl_ = std::make_unique<detail::TraceSpan>(slot_, category, name);
   return s;
 }
 
