@@ -8,7 +8,7 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <deque>
+#include <vector>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -98,7 +98,9 @@ class Worker {
     auto work = std::make_shared<TaskWork>(trace_, call);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.emplace_back(std::move(fn), work);
+      if (count_ == ring_.size()) grow();
+      ring_[(head_ + count_) % ring_.size()] = Task{std::move(fn), work};
+      ++count_;
     }
     cv_.notify_one();
     return work;
@@ -107,13 +109,14 @@ class Worker {
  private:
   void loop() {
     for (;;) {
-      std::pair<std::function<void()>, std::shared_ptr<TaskWork>> task;
+      Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and drained
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        cv_.wait(lock, [&] { return stop_ || count_ > 0; });
+        if (count_ == 0) return;  // stop_ and drained
+        task = std::move(ring_[head_]);
+        head_ = (head_ + 1) % ring_.size();
+        --count_;
       }
       std::exception_ptr error;
       try {
@@ -126,9 +129,22 @@ class Worker {
     }
   }
 
+  using Task = std::pair<std::function<void()>, std::shared_ptr<TaskWork>>;
+  // Doubles when full (under mu_), keeping the order.
+  void grow() {
+    std::vector<Task> bigger(ring_.size() * 2);
+    for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+    ring_ = std::move(bigger);
+    head_ = 0;
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<TaskWork>>> queue_;
+  // The queue: a ring that only grows. A std::deque allocated a new 480-byte chunk every 10
+  // submissions and freed the old one, so a small block made during a backward outlived it
+  // (NOTE [gradient shells] in src/engine/engine.h says why that matters).
+  std::vector<Task> ring_ = std::vector<Task>(16);
+  size_t head_ = 0, count_ = 0;
   bool stop_ = false;
   TraceSlot* trace_;
   std::thread thread_;  // last: starts after the members above exist

@@ -30,6 +30,12 @@ class BufferPool {
   at::DataPtr allocate(size_t bytes);
   // A 1-D CPU tensor of `numel` elements of `dtype` in pooled memory (uninitialised).
   at::Tensor empty(int64_t numel, c10::ScalarType dtype);
+  // A 1-D tensor of `dtype` with no elements and no memory, for fill() to give a block later:
+  // its objects (TensorImpl, StorageImpl...) can be made before a step's large buffers exist
+  // (NOTE [gradient shells] in engine.h).
+  static at::Tensor shell(c10::ScalarType dtype);
+  // Gives `shell` (from shell(), empty so far) `numel` elements of pooled memory.
+  void fill(at::Tensor& shell, int64_t numel);
   // Whether `t`'s memory comes from a BufferPool (any pool).
   static bool pooled(const at::Tensor& t);
   // Unmaps cached blocks that no allocation reused since the previous trim(). Call once a step.

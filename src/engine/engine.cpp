@@ -202,6 +202,7 @@ void Engine::root_pre_forward() {
     }
   }
   check_requires_grad();
+  make_grad_shells();
   order_.clear();
   in_forward_ = true;
   UnitState& root = *units_[0];
@@ -271,6 +272,13 @@ void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) 
     if (u.frozen) reshard(*u.frozen);
   }
   trace_end("forward", u, u.forward_start_ns, u.forward_faults);
+}
+
+void Engine::make_grad_shells() {
+  if (!pooled_ || S_ == 1 || !torch::GradMode::is_enabled()) return;
+  for (auto& u : units_) {
+    if (u->trainable && !u->grad_shell.defined()) u->grad_shell = BufferPool::shell(reduce_dtype_);
+  }
 }
 
 void Engine::check_requires_grad() const {
@@ -411,8 +419,15 @@ void Engine::reduce_grad(UnitState& u) {
   if (S_ > 1) {
     // It becomes the shard's .grad, state that outlives the step: from a pool of its own
     // (NOTE [gradient pool]).
-    p.output = pooled_ ? grad_pool_.empty(u.shard_numel, g.scalar_type())
-                       : at::empty({u.shard_numel}, g.options());
+    if (!pooled_) {
+      p.output = at::empty({u.shard_numel}, g.options());
+    } else if (u.grad_shell.defined() && u.grad_shell.scalar_type() == g.scalar_type()) {
+      p.output = std::move(u.grad_shell);  // NOTE [gradient shells]
+      u.grad_shell = at::Tensor();
+      grad_pool_.fill(p.output, u.shard_numel);
+    } else {
+      p.output = grad_pool_.empty(u.shard_numel, g.scalar_type());
+    }
     p.rs = shard_group_->reduce_scatter(p.output, g, collective_label(u));
     p.input = g;
     p.input_bytes = bytes_of(g);

@@ -106,6 +106,7 @@ struct UnitState {
   at::Tensor gather_src;        // the cast shard under all-gather (mixed precision)
   at::Tensor flat_grad;         // param dtype [S*n], from pre-backward to reduction
   at::Tensor partial;           // reduce dtype [n], replicate_on_last between micro-steps
+  at::Tensor grad_shell;        // the next reduce output's tensor, memory-less (NOTE [gradient shells])
   int64_t grads_pending = 0;
   bool pre_backward_done = false;
   bool post_backward_done = false;
@@ -264,6 +265,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // own pool (not pool_: these outlive the step, and pool_'s peak is the step's working set)
   // hands the next backward the mappings the previous step's gradients used.
   BufferPool grad_pool_;
+  // NOTE [gradient shells]
+  // A reduced gradient is a new tensor each step, and its small objects (TensorImpl, version
+  // counter, StorageImpl: ~300 bytes) outlive the step. Made in the backward, malloc carved them
+  // out of the memory the backward had just freed, one every 2-6 MiB, and AdamW's state (made
+  // next, blocks of a whole shard) no longer fit in the pieces: the first optimizer step grew
+  // the heap instead (W = 8, 16 blocks of d 768, --heap unchanged: docs/performance.md,
+  // "Construction's heap"). So the root's pre-forward makes each unit's next gradient tensor
+  // empty (BufferPool::shell), before the forward's activations exist, and reduce_grad gives it
+  // its pooled memory (BufferPool::fill). CPU runtimes with sharded gradients only.
+  void make_grad_shells();
   bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_ / grad_pool_
   // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
   at::Tensor empty_buffer(int64_t numel, c10::ScalarType dtype);
