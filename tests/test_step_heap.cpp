@@ -81,14 +81,17 @@ using namespace fsdp::testing;
 
 // Steps 1 and 2 make what lasts for good (AdamW's state, the pool's mappings and records); the
 // backward of step 3 is watched. Gradients are freed before each step, as fsdp-train does.
-int64_t blocks_left_by_a_backward(ShardingStrategy strategy, std::vector<int64_t> mesh) {
+int64_t blocks_left_by_a_backward(ShardingStrategy strategy, std::vector<int64_t> mesh,
+                                  MixedPrecision precision = {}) {
   std::atomic<int64_t> worst{0};
   int64_t world = 1;
   for (int64_t m : mesh) world *= m;
   run_ranks(world, [&](Runtime& rt) {
     torch::manual_seed(0);
     auto net = std::make_shared<NetImpl>(/*vocab=*/17, /*d=*/32, /*blocks=*/4);
-    auto model = shard(net, FSDPStrategy().sharding_strategy(strategy).device_mesh(mesh),
+    auto model = shard(net,
+                       FSDPStrategy().sharding_strategy(strategy).device_mesh(mesh).mixed_precision(
+                           precision),
                        std::shared_ptr<Runtime>(&rt, [](Runtime*) {}));
     torch::optim::AdamW optimizer(model.parameters(), torch::optim::AdamWOptions(1e-3));
     const int id = static_cast<int>(rt.rank()) + 1;
@@ -140,6 +143,9 @@ TEST(StepHeap, BackwardLeavesNoSmallBlocks) {
   EXPECT_EQ(blocks_left_by_a_backward(ShardingStrategy::kFullShard, {2}), 0);
   EXPECT_EQ(blocks_left_by_a_backward(ShardingStrategy::kShardGradOp, {2}), 0);
   EXPECT_EQ(blocks_left_by_a_backward(ShardingStrategy::kHybridShard, {2, 2}), 0);
+  // A bf16 reduce: .grad is the fp32 copy of the reduced shard.
+  EXPECT_EQ(blocks_left_by_a_backward(ShardingStrategy::kFullShard, {2}, MixedPrecision::bf16()),
+            0);
 }
 
 }  // namespace

@@ -277,7 +277,7 @@ void Engine::post_forward(UnitState& u, const std::vector<at::Tensor>& outputs) 
 void Engine::make_grad_shells() {
   if (!pooled_ || S_ == 1 || !torch::GradMode::is_enabled()) return;
   for (auto& u : units_) {
-    if (u->trainable && !u->grad_shell.defined()) u->grad_shell = BufferPool::shell(reduce_dtype_);
+    if (u->trainable && !u->grad_shell.defined()) u->grad_shell = BufferPool::shell(at::kFloat);
   }
 }
 
@@ -421,7 +421,7 @@ void Engine::reduce_grad(UnitState& u) {
     // (NOTE [gradient pool]).
     if (!pooled_) {
       p.output = at::empty({u.shard_numel}, g.options());
-    } else if (u.grad_shell.defined() && u.grad_shell.scalar_type() == g.scalar_type()) {
+    } else if (g.scalar_type() == at::kFloat && u.grad_shell.defined()) {
       p.output = std::move(u.grad_shell);  // NOTE [gradient shells]
       u.grad_shell = at::Tensor();
       grad_pool_.fill(p.output, u.shard_numel);
@@ -488,6 +488,11 @@ void Engine::complete_reduce(UnitState& u) {
       grad.add_(p.output, 1.0 / post_divide_);
     } else if (p.output.scalar_type() == at::kFloat) {
       grad = p.output.div_(post_divide_);  // the reduced buffer is ours alone now
+    } else if (pooled_ && u.grad_shell.defined()) {  // a bf16/fp16 reduce: fp32 .grad
+      grad = std::move(u.grad_shell);
+      u.grad_shell = at::Tensor();
+      grad_pool_.fill(grad, u.shard_numel);
+      grad.copy_(p.output).div_(post_divide_);
     } else {
       grad = p.output.to(at::kFloat).div_(post_divide_);
     }

@@ -272,8 +272,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // next, blocks of a whole shard) no longer fit in the pieces: the first optimizer step grew
   // the heap instead (W = 8, 16 blocks of d 768, --heap unchanged: docs/performance.md,
   // "Construction's heap"). So the root's pre-forward makes each unit's next gradient tensor
-  // empty (BufferPool::shell), before the forward's activations exist, and reduce_grad gives it
-  // its pooled memory (BufferPool::fill). CPU runtimes with sharded gradients only.
+  // (fp32, as .grad is) empty (BufferPool::shell), before the forward's activations exist, and
+  // the reduce gives it its pooled memory (BufferPool::fill): reduce_grad as the reduce-scatter's
+  // output, or with a bf16/fp16 reduce complete_reduce, as the fp32 copy of it (the low-precision
+  // output is then a temporary). CPU runtimes with sharded gradients only.
   void make_grad_shells();
   bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_ / grad_pool_
   // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
