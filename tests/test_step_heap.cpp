@@ -5,7 +5,8 @@
 //
 // This executable replaces malloc and free (forwarding to glibc's) to see every block a rank's
 // thread allocates while its backward runs; a block still allocated when the backward returns
-// (and a second later) outlives it. Ranks are threads over Gloo; only the rank threads' own allocations are watched.
+// (and a second later) outlives it. Ranks are threads over Gloo; only the rank threads' own
+// allocations are watched.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <vector>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/collective_check.h"
 #include "fsdp/error.h"

@@ -18,6 +18,7 @@ namespace fsdp::detail {
 namespace {
 constexpr size_t kPage = 4096;
 size_t round_up(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+constexpr size_t kRecordPage = 64 * 1024;  // records are mapped this many bytes at a time
 }  // namespace
 
 // NOTE [pool records]: the pool's bookkeeping (one record per mapping: its address, size and
@@ -39,17 +40,14 @@ struct BufferPool::State {
   std::mutex mu;
   Record* free = nullptr;   // mapped blocks kept for reuse (a step uses a few dozen)
   Record* spare = nullptr;  // records without a block
-  std::vector<std::pair<void*, size_t>> record_pages;
+  std::vector<void*> record_pages;  // each kRecordPage bytes of records
   int64_t mapped = 0, cached = 0, peak = 0;
 
-  State() { record_pages.reserve(64); }
   ~State();
   Record* take_record();  // under mu
 };
 
 namespace {
-
-constexpr size_t kRecordPage = 64 * 1024;
 
 void* map_bytes(size_t size, const char* what) {
   void* ptr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -75,17 +73,17 @@ void give_back(void* ctx) {
 
 BufferPool::State::~State() {
   for (Record* r = free; r; r = r->next) ::munmap(r->ptr, r->size);
-  for (const auto& [page, size] : record_pages) {
+  for (void* page : record_pages) {
     auto* records = static_cast<Record*>(page);
-    for (size_t i = 0; i < size / sizeof(Record); ++i) records[i].~Record();
-    ::munmap(page, size);
+    for (size_t i = 0; i < kRecordPage / sizeof(Record); ++i) records[i].~Record();
+    ::munmap(page, kRecordPage);
   }
 }
 
 BufferPool::State::Record* BufferPool::State::take_record() {
   if (!spare) {
     void* page = map_bytes(kRecordPage, "the engine's buffer records");
-    record_pages.emplace_back(page, kRecordPage);
+    record_pages.push_back(page);
     auto* records = static_cast<Record*>(page);
     for (size_t i = 0; i < kRecordPage / sizeof(Record); ++i) {
       new (&records[i]) Record();

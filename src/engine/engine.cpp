@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "fsdp/error.h"
 
@@ -281,6 +282,12 @@ void Engine::make_grad_shells() {
   }
 }
 
+at::Tensor Engine::take_grad_shell(UnitState& u) {
+  at::Tensor grad = std::exchange(u.grad_shell, at::Tensor());
+  grad_pool_.fill(grad, u.shard_numel);
+  return grad;
+}
+
 void Engine::check_requires_grad() const {
   for (const auto& u : units_) {
     const bool trainable = u->owner == nullptr;
@@ -422,9 +429,7 @@ void Engine::reduce_grad(UnitState& u) {
     if (!pooled_) {
       p.output = at::empty({u.shard_numel}, g.options());
     } else if (g.scalar_type() == at::kFloat && u.grad_shell.defined()) {
-      p.output = std::move(u.grad_shell);  // NOTE [gradient shells]
-      u.grad_shell = at::Tensor();
-      grad_pool_.fill(p.output, u.shard_numel);
+      p.output = take_grad_shell(u);
     } else {
       p.output = grad_pool_.empty(u.shard_numel, g.scalar_type());
     }
@@ -489,10 +494,7 @@ void Engine::complete_reduce(UnitState& u) {
     } else if (p.output.scalar_type() == at::kFloat) {
       grad = p.output.div_(post_divide_);  // the reduced buffer is ours alone now
     } else if (pooled_ && u.grad_shell.defined()) {  // a bf16/fp16 reduce: fp32 .grad
-      grad = std::move(u.grad_shell);
-      u.grad_shell = at::Tensor();
-      grad_pool_.fill(grad, u.shard_numel);
-      grad.copy_(p.output).div_(post_divide_);
+      grad = take_grad_shell(u).copy_(p.output).div_(post_divide_);
     } else {
       grad = p.output.to(at::kFloat).div_(post_divide_);
     }

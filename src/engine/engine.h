@@ -277,6 +277,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // output, or with a bf16/fp16 reduce complete_reduce, as the fp32 copy of it (the low-precision
   // output is then a temporary). CPU runtimes with sharded gradients only.
   void make_grad_shells();
+  at::Tensor take_grad_shell(UnitState& u);  // the unit's shell, given its pooled memory
   bool pooled_ = false;  // CPU runtime: the engine's large buffers come from pool_ / grad_pool_
   // A 1-D buffer of the engine's (pool_ on CPU, the device's allocator elsewhere).
   at::Tensor empty_buffer(int64_t numel, c10::ScalarType dtype);
